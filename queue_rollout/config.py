@@ -1,0 +1,184 @@
+"""Configuration: msgspec structs for the farm's TOML file (DESIGN section 6).
+
+Unknown keys, wrong types (booleans, floats or strings where ints belong) and values
+out of range are refused with a :class:`~queue_rollout.errors.ConfigError` whose
+message names the key, e.g. ``rollout.group_size: Expected `int` >= 1``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from .errors import ConfigError
+
+PosInt = Annotated[int, msgspec.Meta(gt=0)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(gt=0, le=65535)]
+FarmName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+PluginRef = Annotated[str, msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class FarmConfig(_Section):
+    name: FarmName = "demo"
+    redis_url: str = ""
+    state_dir: str = ".queue-rollout"
+    redis_ca_file: str = ""
+
+
+class RolloutConfig(_Section):
+    group_size: PosInt = 8
+    batch_size: PosInt = 16
+    max_concurrent_rollouts: PosInt = 16
+    max_concurrent_samples: PosInt | Literal["auto"] | None = None
+    max_staleness: NonNegInt = 2
+    max_attempts: PosInt = 3
+
+    @property
+    def mode(self) -> Literal["group", "sample"]:
+        """``sample`` when sample-level refill is opted into, else ``group``."""
+        return "group" if self.max_concurrent_samples is None else "sample"
+
+    def capacity_slots(self, live_worker_slots: int | None = None) -> int:
+        """Capacity in episode slots; group mode counts G slots per group.
+
+        ``"auto"`` needs the sum of live workers' slots.
+        """
+        if self.max_concurrent_samples is None:
+            return self.max_concurrent_rollouts * self.group_size
+        if self.max_concurrent_samples == "auto":
+            if live_worker_slots is None:
+                raise ConfigError(
+                    'rollout.max_concurrent_samples: "auto" needs the live workers\' slots'
+                )
+            return live_worker_slots
+        return self.max_concurrent_samples
+
+
+class TimeoutsConfig(_Section):
+    lease: PosInt = 30
+    doubt: PosInt = 1800
+    request: PosInt = 3600
+    pause_barrier: PosInt = 60
+    leader_lease: PosInt = 10
+    shutdown_grace: PosInt = 30
+
+
+class AcceptanceConfig(_Section):
+    reject_zero_variance: bool = False
+    max_failed_members: NonNegInt = 0
+    plugin: PluginRef = ""
+
+
+class SamplingConfig(_Section, omit_defaults=True):
+    """SGLang ``sampling_params`` keys only: a real server refuses unknown ones."""
+
+    temperature: NonNegFloat = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    max_new_tokens: PosInt = 1024
+    top_k: int | None = None
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    min_new_tokens: NonNegInt | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: PosFloat | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+
+
+class WorkflowConfig(_Section):
+    name: str = "controlled_length"
+    seed: NonNegInt = 0
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+
+
+class EngineConfig(_Section):
+    kind: Literal["sim", "sglang"] = "sim"
+    urls: list[str] = msgspec.field(default_factory=list)
+    replicas: PosInt = 8
+    slots_per_replica: PosInt = 16
+    step_ms: PosFloat = 4.5
+    step_ms_per_request: NonNegFloat = 0.2
+    pause_mode: Literal["in_place", "abort"] = "in_place"
+    model_path: str = ""
+    base_port: Port = 30000
+    deterministic: bool = True
+    sglang_args: list[str] = msgspec.field(default_factory=list)
+
+
+class LimitsConfig(_Section):
+    max_prompt_bytes: PosInt = 1_048_576
+    max_result_bytes: PosInt = 16_777_216
+
+
+class MetricsConfig(_Section):
+    host: str = "127.0.0.1"
+    port: Port = 9464
+
+
+class Config(_Section):
+    farm: FarmConfig = msgspec.field(default_factory=FarmConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    timeouts: TimeoutsConfig = msgspec.field(default_factory=TimeoutsConfig)
+    acceptance: AcceptanceConfig = msgspec.field(default_factory=AcceptanceConfig)
+    workflow: WorkflowConfig = msgspec.field(default_factory=WorkflowConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+
+
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+
+
+def _name_the_key(message: str) -> str:
+    """``Expected `int`, got `bool` - at `$.rollout.group_size` `` ->
+    ``rollout.group_size: Expected `int`, got `bool```."""
+    m = _PATH.search(message)
+    if not m:
+        return message
+    key = m.group(1).replace("[", ".").replace("]", "")
+    return f"{key}: {message[: m.start()]}"
+
+
+def _check(config: Config) -> Config:
+    r = config.rollout
+    if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:
+        raise ConfigError(
+            f"rollout.max_concurrent_samples: {r.max_concurrent_samples} slots cannot hold "
+            f"one group of rollout.group_size = {r.group_size}"
+        )
+    return config
+
+
+def decode_config(data: bytes | str, source: str = "config") -> Config:
+    """Decode TOML text into a :class:`Config`; errors name the key."""
+    try:
+        return _check(msgspec.toml.decode(data, type=Config))
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_name_the_key(str(exc))}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+
+
+def load_config(path: str | Path | None) -> Config:
+    """The built-in defaults when *path* is None, else the TOML file at *path*."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
+    return decode_config(data, source=str(p))

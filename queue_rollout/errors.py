@@ -1,0 +1,58 @@
+"""One exception tree for queue-rollout.
+
+Every error the package raises on purpose derives from :class:`QueueRolloutError`.
+Each class carries the CLI exit code of DESIGN section 6, so the CLI maps errors to
+exit codes in one place. Redis errors are translated at the boundary
+(:mod:`queue_rollout.redis_conn`) into :class:`RedisUnavailable` or
+:class:`LedgerError`.
+"""
+
+from __future__ import annotations
+
+
+class QueueRolloutError(Exception):
+    """Base class of every error queue-rollout raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(QueueRolloutError):
+    """The configuration file or an option is invalid; the message names the key."""
+
+    exit_code = 2
+
+
+class BadInput(QueueRolloutError):
+    """Input data (prompts, arguments) is invalid; nothing was changed."""
+
+    exit_code = 2
+
+
+class InvariantViolation(QueueRolloutError):
+    """The ledger disagrees with itself (see ``queue-rollout doctor``)."""
+
+    exit_code = 1
+
+
+class BarrierTimeout(QueueRolloutError):
+    """A wait (pause barrier, batch) ran past its deadline."""
+
+    exit_code = 3
+
+
+class RedisUnavailable(QueueRolloutError):
+    """Redis cannot be reached; the message carries the URL without its password."""
+
+    exit_code = 4
+
+
+class LedgerError(QueueRolloutError):
+    """A ledger script failed or answered something it never should."""
+
+    exit_code = 1
+
+
+class EmbeddedRedisError(QueueRolloutError):
+    """The embedded redis-server could not be found or started."""
+
+    exit_code = 4

@@ -1,0 +1,258 @@
+"""The ledger: a typed wrapper over the Lua scripts, one method per operation.
+
+The ledger is the truth about capacity: which groups are admitted, which attempt holds
+which slot, what has been recorded. Every method is one atomic script call, keyed by
+attempt id where a worker reports, with the clock passed in (``clock``), so tests and
+simulations control time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from .config import Config, RolloutConfig
+from .keys import EVENTS_GROUP, Keys, episode_field
+from .records import (
+    AttemptRecord, BatchRecord, EpisodeRecord, GroupRecord, decode_attempt, decode_batch,
+    decode_episode, decode_group,
+)
+from .redis_conn import client_url, translate_errors
+from .scripts import Scripts
+
+Clock = Callable[[], float]
+
+
+def new_attempt_id() -> str:
+    """A fresh attempt id: 32 hex digits, valid as an RQ job id and an SGLang rid."""
+    return uuid.uuid4().hex
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a script answered: a status word and a detail (a reason when ignored)."""
+
+    status: str
+    detail: str = ""
+
+    @property
+    def ignored(self) -> bool:
+        return self.status == "ignored"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    status: Literal["admitted", "blocked", "empty"]
+    reason: str = ""
+    group_id: str = ""
+    attempt_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    status: Literal["started", "ignored"]
+    reason: str = ""
+    group_id: str = ""
+    member: int = -1
+    attempt_number: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    batch: BatchRecord
+    redelivered: bool
+
+
+class Ledger:
+    """Atomic ledger operations for one farm."""
+
+    def __init__(
+        self, client: redis.Redis, farm: str, rollout: RolloutConfig,
+        *, clock: Clock = time.time,
+    ) -> None:
+        self.client = client
+        self.keys = Keys(farm)
+        self.rollout = rollout
+        self.clock = clock
+        self._scripts = Scripts(client)
+        self._url = client_url(client)
+
+    @classmethod
+    def from_config(cls, client: redis.Redis, config: Config, *, clock: Clock = time.time) -> Ledger:
+        return cls(client, config.farm.name, config.rollout, clock=clock)
+
+    def _call(self, name: str, keys: list[str], *args: object) -> list[str | bytes]:
+        with translate_errors(self._url):
+            return self._scripts.call(name, keys, [repr(self.clock()), *args])
+
+    def _answer(self, name: str, keys: list[str], *args: object) -> Answer:
+        reply = self._call(name, keys, *args)
+        return Answer(_s(reply[0]), _s(reply[1]) if len(reply) > 1 else "")
+
+    # -- prompts and admission ---------------------------------------------------------
+
+    def submit(self, prompts: Iterable[tuple[str, bytes]]) -> Answer:
+        """Add prompts (id, prompt JSON) all or none; ``duplicate`` lists known ids."""
+        k = self.keys
+        args: list[object] = []
+        for pid, payload in prompts:
+            args += [pid, payload]
+        reply = self._call("submit", [k.counters, k.prompts, k.groups, k.pending], *args)
+        if _s(reply[0]) == "duplicate":
+            return Answer("duplicate", ",".join(_s(x) for x in reply[1:]))
+        return Answer("submitted", _s(reply[1]))
+
+    def admit(self, live_worker_slots: int | None = None) -> Admission:
+        """Admit the next pending prompt as a group, if pause, staleness and slots allow."""
+        r, k = self.rollout, self.keys
+        aids = [new_attempt_id() for _ in range(r.group_size)]
+        reply = self._call(
+            "admit",
+            [k.counters, k.state, k.pending, k.groups, k.episodes, k.attempts, k.outbox],
+            r.group_size, r.batch_size, r.capacity_slots(live_worker_slots),
+            r.max_staleness, r.mode, *aids,
+        )
+        status = _s(reply[0])
+        if status == "admitted":
+            return Admission("admitted", "", _s(reply[1]), tuple(_s(a) for a in reply[2:]))
+        return Admission(status, _s(reply[1]))  # type: ignore[arg-type]
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def start(self, aid: str, worker: str, replica: str, boot: str, lease_s: float) -> Start:
+        """Claim a queued attempt for *worker* before anything is sent to the replica."""
+        k = self.keys
+        reply = self._call(
+            "start", [k.counters, k.attempts, k.episodes, k.leases],
+            aid, worker, replica, boot, repr(float(lease_s)),
+        )
+        if _s(reply[0]) == "started":
+            return Start("started", "", _s(reply[1]), int(reply[2]), int(reply[3]))
+        return Start("ignored", _s(reply[1]))
+
+    def progress(self, aid: str, worker: str, seq: int, lease_s: float, tokens: int = 0) -> Answer:
+        """Heartbeat: renew the lease; *seq* must grow per attempt."""
+        k = self.keys
+        return self._answer(
+            "progress", [k.counters, k.attempts, k.episodes, k.leases, k.doubt],
+            aid, worker, seq, repr(float(lease_s)), tokens,
+        )
+
+    def finish(
+        self, aid: str, member: int, result: bytes, *, output_tokens: int = 0,
+        outcome: Literal["finished", "failed"] = "finished",
+    ) -> Answer:
+        """Record an attempt's result; ``recorded`` (detail ``group_complete`` when the
+        group completed) or ``ignored`` with the reason."""
+        k = self.keys
+        return self._answer(
+            "finish",
+            [k.counters, k.attempts, k.episodes, k.groups, k.results, k.leases, k.doubt, k.events],
+            aid, member, outcome, output_tokens, result,
+        )
+
+    def mark_doubtful(self, aid: str, cause: str) -> Answer:
+        """A running attempt may or may not still run: it keeps its slot."""
+        k = self.keys
+        return self._answer(
+            "doubt", [k.counters, k.attempts, k.episodes, k.leases, k.doubt], aid, cause,
+        )
+
+    def retry(
+        self, aid: str, *, cause: str, resolution: Literal["stopped", "lost"] = "stopped",
+        doubt_s: float = 0.0,
+    ) -> Answer:
+        """The attempt is confirmed stopped (or declared lost after *doubt_s* of doubt):
+        ``retried`` with the new attempt id, or ``failed`` after max_attempts."""
+        k = self.keys
+        return self._answer(
+            "retry",
+            [k.counters, k.attempts, k.episodes, k.groups, k.outbox, k.leases, k.doubt, k.events],
+            aid, new_attempt_id(), resolution, cause, self.rollout.max_attempts,
+            repr(float(doubt_s)),
+        )
+
+    # -- groups and batches ------------------------------------------------------------
+
+    def judge(self, group_id: str, *, accept: bool, reason: str = "", entry_id: str = "") -> Answer:
+        """Accept or reject a complete group; acknowledges the events entry *entry_id*."""
+        k = self.keys
+        return self._answer(
+            "judge",
+            [k.counters, k.groups, k.ready, k.events, k.prompts, k.episodes, k.attempts, k.results],
+            group_id, "accept" if accept else "reject", reason, EVENTS_GROUP, entry_id,
+        )
+
+    def pop_batch(self, consumer: str) -> Delivery | None:
+        """Exactly B ready groups, or the consumer's unacknowledged batch again."""
+        k = self.keys
+        reply = self._call(
+            "pop_batch", [k.counters, k.state, k.groups, k.ready, k.batches],
+            consumer, self.rollout.batch_size, uuid.uuid4().hex,
+        )
+        status = _s(reply[0])
+        if status == "empty":
+            return None
+        return Delivery(decode_batch(reply[1]), redelivered=status == "redelivered")
+
+    def ack(self, consumer: str, batch_id: str) -> Answer:
+        k = self.keys
+        return self._answer(
+            "ack",
+            [k.counters, k.groups, k.batches, k.prompts, k.episodes, k.attempts, k.results],
+            consumer, batch_id,
+        )
+
+    # -- trainer controls --------------------------------------------------------------
+
+    def set_version(self, version: int) -> int:
+        """Set the policy version; returns the previous one."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        return int(self._answer("set_version", [self.keys.state], version).detail)
+
+    def set_paused(self, paused: bool) -> bool:
+        """Raise or clear the pause flag; returns the previous flag."""
+        return self._answer("set_paused", [self.keys.state], "1" if paused else "0").detail == "1"
+
+    # -- reading -----------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        with translate_errors(self._url):
+            raw = self.client.hgetall(self.keys.counters)
+        return {_s(f): int(v) for f, v in raw.items()}
+
+    def version(self) -> int:
+        with translate_errors(self._url):
+            return int(self.client.hget(self.keys.state, "version") or 0)
+
+    def paused(self) -> bool:
+        with translate_errors(self._url):
+            return self.client.hget(self.keys.state, "paused") == b"1"
+
+    def group(self, group_id: str) -> GroupRecord | None:
+        raw = self.client.hget(self.keys.groups, group_id)
+        return decode_group(raw) if raw else None
+
+    def episode(self, group_id: str, member: int) -> EpisodeRecord | None:
+        raw = self.client.hget(self.keys.episodes, episode_field(group_id, member))
+        return decode_episode(raw) if raw else None
+
+    def attempt(self, aid: str) -> AttemptRecord | None:
+        raw = self.client.hget(self.keys.attempts, aid)
+        return decode_attempt(raw) if raw else None
+
+    def result(self, group_id: str, member: int) -> bytes | None:
+        return self.client.hget(self.keys.results, episode_field(group_id, member))
+
+    def prompt(self, group_id: str) -> bytes | None:
+        return self.client.hget(self.keys.prompts, group_id)

@@ -1,0 +1,33 @@
+-- ack.lua: the consumer trained on its batch: its groups are consumed and their
+-- detail deleted. Acknowledging anything but the consumer's current batch is ignored.
+--
+-- KEYS[1] = counters hash
+-- KEYS[2] = groups hash
+-- KEYS[3] = batches hash
+-- KEYS[4] = prompts hash
+-- KEYS[5] = episodes hash
+-- KEYS[6] = attempts hash
+-- KEYS[7] = results hash
+-- ARGV[1] = now (seconds)
+-- ARGV[2] = consumer id
+-- ARGV[3] = batch id
+-- Returns {'acked', number of groups} | {'ignored', reason}
+
+local counters = KEYS[1]
+local now, consumer = tonumber(ARGV[1]), ARGV[2]
+local raw = redis.call('HGET', KEYS[3], consumer)
+if not raw then return ignored(counters, 'no batch held') end
+local batch = cjson.decode(raw)
+if batch.id ~= ARGV[3] then return ignored(counters, 'not the held batch') end
+
+local k = {prompts = KEYS[4], episodes = KEYS[5], attempts = KEYS[6], results = KEYS[7]}
+for _, gid in ipairs(batch.groups) do
+  local g = get_json(KEYS[2], gid)
+  g.state = 'consumed'
+  g.consumed_at = now
+  put_json(KEYS[2], gid, g)
+  purge_group(k, g)
+end
+redis.call('HDEL', KEYS[3], consumer)
+bump(counters, 'consumed', #batch.groups)
+return {'acked', #batch.groups}

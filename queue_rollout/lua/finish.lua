@@ -1,0 +1,51 @@
+-- finish.lua: the result of an attempt. Recorded once per episode: a duplicate, a
+-- wrong attempt id, a member index that does not match, or a result from a superseded
+-- attempt is ignored and changes no counter. A late result from a doubtful attempt
+-- counts (once). Sample mode releases the slot now; group mode when the group
+-- completes; a completed group goes on the events stream.
+--
+-- KEYS[1] = counters hash
+-- KEYS[2] = attempts hash
+-- KEYS[3] = episodes hash
+-- KEYS[4] = groups hash
+-- KEYS[5] = results hash (gid/member -> encoded result)
+-- KEYS[6] = leases sorted set
+-- KEYS[7] = doubt sorted set
+-- KEYS[8] = events stream (group completions)
+-- ARGV[1] = now (seconds)
+-- ARGV[2] = attempt id
+-- ARGV[3] = member index the worker ran
+-- ARGV[4] = outcome: "finished" or "failed"
+-- ARGV[5] = output tokens produced
+-- ARGV[6] = encoded result (opaque bytes)
+-- Returns {'recorded', 'group_complete' | ''} | {'ignored', reason}
+
+local counters = KEYS[1]
+local now, aid = tonumber(ARGV[1]), ARGV[2]
+local outcome = ARGV[4]
+if outcome ~= 'finished' and outcome ~= 'failed' then
+  return redis.error_reply('finish: outcome must be finished or failed, got ' .. outcome)
+end
+local a = get_json(KEYS[2], aid)
+if not a then return ignored(counters, 'unknown attempt') end
+if tonumber(ARGV[3]) ~= a.m then return ignored(counters, 'member mismatch') end
+local g = get_json(KEYS[4], a.g)
+if not g then return ignored(counters, 'unknown group') end
+local e = get_json(KEYS[3], episode_field(a.g, a.m))
+if not e or e.aid ~= aid then return ignored(counters, 'superseded attempt') end
+if e.state ~= 'active' then return ignored(counters, 'duplicate result') end
+if a.state ~= 'running' and a.state ~= 'doubtful' then
+  return ignored(counters, 'attempt is ' .. a.state)
+end
+
+leave_live_state(counters, KEYS[6], KEYS[7], aid, a)
+a.state = outcome
+a.ended_at = now
+put_json(KEYS[2], aid, a)
+redis.call('HSET', KEYS[5], episode_field(a.g, a.m), ARGV[6])
+bump(counters, 'output_tokens', tonumber(ARGV[5]))
+local k = {counters = counters, episodes = KEYS[3], groups = KEYS[4], events = KEYS[8]}
+if episode_terminal(k, now, g, e, outcome) then
+  return {'recorded', 'group_complete'}
+end
+return {'recorded', ''}

@@ -1,0 +1,46 @@
+-- judge.lua: accept or reject a complete group, and acknowledge the events-stream
+-- entry that announced it in the same step (a restarted collector judges nothing
+-- twice). Accepted groups join the ready queue and keep their staleness budget;
+-- rejected groups give it back and their detail is deleted.
+--
+-- KEYS[1] = counters hash
+-- KEYS[2] = groups hash
+-- KEYS[3] = ready list of group ids
+-- KEYS[4] = events stream
+-- KEYS[5] = prompts hash
+-- KEYS[6] = episodes hash
+-- KEYS[7] = attempts hash
+-- KEYS[8] = results hash
+-- ARGV[1] = now (seconds)
+-- ARGV[2] = group id
+-- ARGV[3] = verdict: "accept" or "reject"
+-- ARGV[4] = rejection reason (zero_variance, failed_members, plugin); "" to accept
+-- ARGV[5] = events consumer group name
+-- ARGV[6] = events entry id to acknowledge, or ""
+-- Returns {'accepted', ''} | {'rejected', reason} | {'ignored', reason}
+
+local counters = KEYS[1]
+local now, gid, verdict = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+if ARGV[6] ~= '' then redis.call('XACK', KEYS[4], ARGV[5], ARGV[6]) end
+local g = get_json(KEYS[2], gid)
+if not g then return ignored(counters, 'unknown group') end
+if g.state ~= 'complete' then return ignored(counters, 'group is ' .. g.state) end
+
+g.judged_at = now
+bump(counters, 'in_flight', -1)
+if verdict == 'accept' then
+  g.state = 'accepted'
+  put_json(KEYS[2], gid, g)
+  redis.call('RPUSH', KEYS[3], gid)
+  bump(counters, 'accepted', 1)
+  return {'accepted', ''}
+elseif verdict == 'reject' then
+  g.state = 'rejected'
+  g.reason = ARGV[4]
+  put_json(KEYS[2], gid, g)
+  bump(counters, 'rejected', 1)
+  bump(counters, 'rejected:' .. ARGV[4], 1)
+  purge_group({prompts = KEYS[5], episodes = KEYS[6], attempts = KEYS[7], results = KEYS[8]}, g)
+  return {'rejected', ARGV[4]}
+end
+return redis.error_reply('judge: verdict must be accept or reject, got ' .. verdict)

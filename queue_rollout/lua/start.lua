@@ -1,0 +1,36 @@
+-- start.lua: a worker claims a queued attempt before it sends anything to its replica.
+-- Only one claim can win, so an RQ job run twice starts the episode once.
+--
+-- KEYS[1] = counters hash
+-- KEYS[2] = attempts hash
+-- KEYS[3] = episodes hash
+-- KEYS[4] = leases sorted set (attempt id -> lease expiry)
+-- ARGV[1] = now (seconds)
+-- ARGV[2] = attempt id
+-- ARGV[3] = worker id
+-- ARGV[4] = replica (engine URL or name)
+-- ARGV[5] = replica boot id
+-- ARGV[6] = lease length (seconds)
+-- Returns {'started', gid, member, attempt number} | {'ignored', reason}
+
+local counters = KEYS[1]
+local now, aid = tonumber(ARGV[1]), ARGV[2]
+local a = get_json(KEYS[2], aid)
+if not a then return ignored(counters, 'unknown attempt') end
+if a.state == 'running' and a.worker == ARGV[3] and a.boot == ARGV[5] then
+  return ignored(counters, 'duplicate start')
+end
+if a.state ~= 'queued' then return ignored(counters, 'attempt is ' .. a.state) end
+local e = get_json(KEYS[3], episode_field(a.g, a.m))
+if e.aid ~= aid then return ignored(counters, 'superseded attempt') end
+
+a.state = 'running'
+a.worker, a.replica, a.boot = ARGV[3], ARGV[4], ARGV[5]
+a.started_at = now
+a.lease = now + tonumber(ARGV[6])
+a.seq = 0
+a.tokens = 0
+put_json(KEYS[2], aid, a)
+redis.call('ZADD', KEYS[4], a.lease, aid)
+bump(counters, 'running', 1)
+return {'started', a.g, a.m, a.n}

@@ -1,0 +1,27 @@
+-- submit.lua: add prompts to the farm, all or none. A prompt id already known to the
+-- farm (pending, admitted, or judged at any time) refuses the whole submission.
+--
+-- KEYS[1] = counters hash
+-- KEYS[2] = prompts hash (id -> prompt JSON)
+-- KEYS[3] = groups hash
+-- KEYS[4] = pending list of prompt ids
+-- ARGV[1] = now (seconds)
+-- ARGV[2], ARGV[3], ... = id, prompt JSON, id, prompt JSON, ...
+-- Returns {'submitted', n} | {'duplicate', id, ...}
+
+local dups = {'duplicate'}
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  if redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[3], id) == 1 then
+    dups[#dups + 1] = id
+  end
+end
+if #dups > 1 then return dups end
+local n = 0
+for i = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  redis.call('RPUSH', KEYS[4], ARGV[i])
+  n = n + 1
+end
+bump(KEYS[1], 'submitted', n)
+return {'submitted', n}

@@ -1,0 +1,79 @@
+"""Shared fixtures: a private redis-server per test session, a clean database per test.
+
+The server is started by the same launcher the embedded farm uses
+(:class:`queue_rollout.embedded.EmbeddedRedis`) on a free port; it never touches the
+machine's own Redis on 6379.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from queue_rollout.config import RolloutConfig
+from queue_rollout.embedded import EmbeddedRedis
+from queue_rollout.ledger import Ledger
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), write_url=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_ledger(r: redis.Redis, clock: FakeClock):
+    """``make_ledger(**rollout_fields)`` -> a Ledger on farm "t" with the fake clock."""
+
+    def make(farm: str = "t", **fields: object) -> Ledger:
+        return Ledger(r, farm, RolloutConfig(**fields), clock=clock)  # type: ignore[arg-type]
+
+    return make
+
+
+def prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:
+    """n trivial prompts with ids p0, p1, ..."""
+    return [(f"{prefix}{i}", b'{"prompt": "x"}') for i in range(n)]
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
