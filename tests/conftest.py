@@ -16,19 +16,7 @@ import redis
 from queue_rollout.config import RolloutConfig
 from queue_rollout.embedded import EmbeddedRedis
 from queue_rollout.ledger import Ledger
-
-
-class FakeClock:
-    """A clock tests move by hand."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from queue_rollout.testing import FakeClock
 
 
 @pytest.fixture(scope="session")
@@ -67,11 +55,6 @@ def make_ledger(r: redis.Redis, clock: FakeClock):
         return Ledger(r, farm, RolloutConfig(**fields), clock=clock)  # type: ignore[arg-type]
 
     return make
-
-
-def prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:
-    """n trivial prompts with ids p0, p1, ..."""
-    return [(f"{prefix}{i}", b'{"prompt": "x"}') for i in range(n)]
 
 
 @pytest.fixture
