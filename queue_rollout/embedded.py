@@ -125,7 +125,7 @@ class EmbeddedRedis:
             tmp = url_file(self.state_dir).with_suffix(".tmp")
             tmp.write_text(self.url + "\n")
             tmp.replace(url_file(self.state_dir))
-        log.info("embedded redis at %s (data %s)", self.url, self.data_dir)
+        log.debug("embedded redis at %s (data %s)", self.url, self.data_dir)
         return self.url
 
     def _wait_ready(self, timeout: float) -> bool:

@@ -1,0 +1,1 @@
+"""``queue-rollout bench``: the benchmarks of DESIGN section 8."""

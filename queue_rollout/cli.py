@@ -1,0 +1,136 @@
+"""The ``queue-rollout`` command line (DESIGN section 6).
+
+Exit codes: 0 ok; 1 an invariant violation; 2 bad input or config; 3 a timeout;
+4 Redis unreachable. Every error the package raises maps to one of them here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from . import __version__
+from .config import Config, load_config
+from .errors import QueueRolloutError
+
+log = logging.getLogger("queue_rollout")
+
+
+def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
+    from .doctor import examine, repair
+    from .keys import Keys
+    from .redis_conn import connect_config
+
+    client = connect_config(config)
+    keys = Keys(config.farm.name)
+    report = repair(client, keys) if args.repair else examine(client, keys)
+    for problem in report.problems:
+        print(f"doctor: {problem}")
+    if args.repair:
+        if report.problems:
+            print(f"doctor: repaired {len(report.problems)} problem(s) from the ledger's records")
+        else:
+            print("doctor: ok, nothing to repair")
+        return 0
+    if report.problems:
+        print(f"doctor: {len(report.problems)} problem(s); `queue-rollout doctor --repair` "
+              "rewrites the counters from the records")
+        return 1
+    print(f"doctor: ok ({report.expected['reserved']} slots reserved, "
+          f"{report.expected['in_flight']} groups in flight)")
+    return 0
+
+
+def _cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from .redis_conn import connect_config, mask_url, resolve_url
+    from .status import farm_status, format_status
+
+    client = connect_config(config)
+    status = farm_status(client, config, redis_url=mask_url(resolve_url(config)))
+    print(json.dumps(status) if args.json else format_status(status))
+    return 0
+
+
+def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
+    from .bench.ledger import run_ledger_bench
+
+    if args.profile != "ledger":  # argparse choices keep this unreachable today
+        raise QueueRolloutError(f"unknown profile {args.profile}")
+    print(f"bench ledger: {args.clients} clients, {args.seconds:g} s per phase", file=sys.stderr)
+    result = run_ledger_bench(clients=args.clients, seconds=args.seconds)
+    if args.json:
+        print(json.dumps(result.as_json()))
+    else:
+        print(f"ledger ops/s (admit, start, finish): {result.ledger_ops_per_s:,.0f}")
+        print(f"trivial script calls/s (floor):      {result.trivial_script_per_s:,.0f}")
+        print(f"ratio:                               {result.ratio:.2f}")
+    return 0
+
+
+def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", metavar="FARM.toml",
+                        help="farm config (TOML); without it, the built-in defaults")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    parser = argparse.ArgumentParser(
+        prog="queue-rollout", description=__doc__.splitlines()[0], parents=[common])
+    parser.add_argument("--version", action="version", version=f"queue-rollout {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[Config, argparse.Namespace], int], help: str):
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("demo", _cmd_demo,
+            "zero-config demo: both admission modes on a long-tail prompt set, "
+            "the real ledger on an embedded Redis, simulated replicas in virtual time")
+    p.add_argument("--prompts", type=int, default=128, help="prompt groups (default 128)")
+    p.add_argument("--batches", type=int, default=6,
+                   help="batches trained on (with a pause each) before the drain (default 6)")
+
+    p = add("status", _cmd_status, "farm state")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+    p = add("doctor", _cmd_doctor,
+            "check the ledger's counters against its records; exit 1 on a violation")
+    p.add_argument("--repair", action="store_true",
+                   help="rewrite the counters from the records (pause admission first)")
+
+    p = add("bench", _cmd_bench, "benchmarks (DESIGN section 8)")
+    p.add_argument("--profile", choices=["ledger"], default="ledger",
+                   help="ledger: script ops/s against the trivial-script floor")
+    p.add_argument("--json", action="store_true", help="one JSON object per profile")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
+    p.add_argument("--seconds", type=float, default=5.0, help="seconds per phase (default 5)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+    )
+    try:
+        config = load_config(args.config)
+        return args.handler(config, args)
+    except QueueRolloutError as exc:
+        print(f"queue-rollout: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

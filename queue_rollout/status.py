@@ -1,0 +1,57 @@
+"""``queue-rollout status``: the farm's state in the shape of DESIGN section 6."""
+
+from __future__ import annotations
+
+import redis
+
+from .config import Config
+from .keys import Keys
+
+
+def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
+                live_worker_slots: int = 0, live_workers: int = 0) -> dict[str, object]:
+    """One snapshot, read in one transaction so the numbers agree with each other."""
+    keys = Keys(config.farm.name)
+    pipe = client.pipeline(transaction=True)
+    pipe.hgetall(keys.counters)
+    pipe.hgetall(keys.state)
+    pipe.llen(keys.pending)
+    pipe.llen(keys.ready)
+    raw_counters, raw_state, pending, ready = pipe.execute()
+    c = {k.decode(): int(v) for k, v in raw_counters.items()}
+    state = {k.decode(): v.decode() for k, v in raw_state.items()}
+    r = config.rollout
+    capacity = live_worker_slots if r.max_concurrent_samples == "auto" else r.capacity_slots()
+    return {
+        "farm": config.farm.name,
+        "redis_url": redis_url,
+        "mode": r.mode,
+        "capacity": capacity,
+        "reserved": c.get("reserved", 0),
+        "active_episodes": c.get("running", 0),
+        "doubtful": c.get("doubtful", 0),
+        "version": int(state.get("version", 0)),
+        "paused": state.get("paused") == "1",
+        "groups": {
+            "pending": pending,
+            "in_flight": c.get("in_flight", 0),
+            "ready": ready,
+            "accepted": c.get("accepted", 0),
+            "rejected": c.get("rejected", 0),
+            "consumed": c.get("consumed", 0),
+        },
+        "workers": {"alive": live_workers, "slots": live_worker_slots},
+    }
+
+
+def format_status(s: dict) -> str:
+    g = s["groups"]
+    return "\n".join([
+        f"farm {s['farm']} at {s['redis_url']}  mode={s['mode']}  version={s['version']}"
+        + ("  PAUSED" if s["paused"] else ""),
+        f"slots     {s['reserved']}/{s['capacity']} reserved, {s['active_episodes']} running, "
+        f"{s['doubtful']} doubtful",
+        f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
+        f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed",
+        f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",
+    ])
