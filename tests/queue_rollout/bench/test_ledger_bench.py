@@ -1,0 +1,20 @@
+"""`queue-rollout bench --profile ledger`: runs both phases and reports the JSON shape.
+(Its speed target is a benchmark, not a test: see docs/en/benchmarks.md.)"""
+
+from __future__ import annotations
+
+import json
+
+from queue_rollout.cli import main
+
+
+def test_ledger_bench_json_shape(capsys):
+    assert main(["bench", "--profile", "ledger", "--json", "--clients", "2",
+                 "--seconds", "0.5"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"profile", "clients", "ledger_ops_per_s", "trivial_script_per_s",
+                           "ratio"}
+    assert result["profile"] == "ledger" and result["clients"] == 2
+    assert result["ledger_ops_per_s"] > 0 and result["trivial_script_per_s"] > 0
+    expected = result["ledger_ops_per_s"] / result["trivial_script_per_s"]
+    assert abs(result["ratio"] - expected) < 0.01
