@@ -132,7 +132,7 @@ class Ledger:
         """Claim a queued attempt for *worker* before anything is sent to the replica."""
         k = self.keys
         reply = self._call(
-            "start", [k.counters, k.attempts, k.episodes, k.leases],
+            "start", [k.counters, k.attempts, k.leases],
             aid, worker, replica, boot, repr(float(lease_s)),
         )
         if _s(reply[0]) == "started":

@@ -72,7 +72,8 @@ local function episode_terminal(k, now, g, e, outcome)
     put_json(k.groups, g.id, g)
     return false
   end
-  for m = 0, g.G - 1 do
+  -- in sample mode every member released its slot when it ended
+  for m = 0, (g.mode == 'group' and g.G or 0) - 1 do
     local field = episode_field(g.id, m)
     local other = get_json(k.episodes, field)
     if other.held == 1 then

@@ -3,8 +3,7 @@
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
--- KEYS[3] = episodes hash
--- KEYS[4] = leases sorted set (attempt id -> lease expiry)
+-- KEYS[3] = leases sorted set (attempt id -> lease expiry)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = worker id
@@ -20,9 +19,9 @@ if not a then return ignored(counters, 'unknown attempt') end
 if a.state == 'running' and a.worker == ARGV[3] and a.boot == ARGV[5] then
   return ignored(counters, 'duplicate start')
 end
+-- Only an episode's current attempt can be queued: retry.lua ends the old attempt
+-- (stopped or lost) before it creates the new one.
 if a.state ~= 'queued' then return ignored(counters, 'attempt is ' .. a.state) end
-local e = get_json(KEYS[3], episode_field(a.g, a.m))
-if e.aid ~= aid then return ignored(counters, 'superseded attempt') end
 
 a.state = 'running'
 a.worker, a.replica, a.boot = ARGV[3], ARGV[4], ARGV[5]
@@ -31,6 +30,6 @@ a.lease = now + tonumber(ARGV[6])
 a.seq = 0
 a.tokens = 0
 put_json(KEYS[2], aid, a)
-redis.call('ZADD', KEYS[4], a.lease, aid)
+redis.call('ZADD', KEYS[3], a.lease, aid)
 bump(counters, 'running', 1)
 return {'started', a.g, a.m, a.n}
