@@ -59,8 +59,9 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
 
     if args.profile != "ledger":  # argparse choices keep this unreachable today
         raise QueueRolloutError(f"unknown profile {args.profile}")
-    print(f"bench ledger: {args.clients} clients, {args.seconds:g} s per phase", file=sys.stderr)
-    result = run_ledger_bench(clients=args.clients, seconds=args.seconds)
+    print(f"bench ledger: {args.clients} clients, {args.seconds:g} s per kind in "
+          f"{args.rounds} rounds", file=sys.stderr)
+    result = run_ledger_bench(clients=args.clients, seconds=args.seconds, rounds=args.rounds)
     if args.json:
         print(json.dumps(result.as_json()))
     else:
@@ -112,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ledger: script ops/s against the trivial-script floor")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
-    p.add_argument("--seconds", type=float, default=5.0, help="seconds per phase (default 5)")
+    p.add_argument("--seconds", type=float, default=6.0,
+                   help="seconds per kind (ledger, trivial), summed over rounds (default 6)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="alternating segments of each kind (default 3)")
     return parser
 
 

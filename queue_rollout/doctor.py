@@ -1,7 +1,8 @@
 """``queue-rollout doctor``: recompute the ledger's counters from its records.
 
 Invariant I3: reserved slots, running and doubtful attempts, and the group counters
-must equal what the group, episode and attempt records imply; the lease and doubt sets
+must equal what the group and attempt records imply (each group's slots follow from its
+mode, state and done count; each member has exactly one current attempt); the lease and doubt sets
 must hold exactly the running and doubtful attempts; no counter may be negative.
 ``repair`` rewrites the counters from the records (run it with admission paused).
 """
@@ -14,12 +15,10 @@ from dataclasses import dataclass, field
 import redis
 
 from .keys import Keys
-from .records import decode_attempt, decode_episode, decode_group
+from .records import ENDED, SUPERSEDED, decode_attempt, decode_group
 
-#: Counters the records determine; the others (cumulative totals) are history.
-DERIVED = ("reserved", "running", "doubtful", "in_flight", "accepted", "rejected",
-           "consumed", "admitted")
-
+#: Group states whose attempts and results were deleted.
+PURGED = frozenset({"consumed", "rejected"})
 
 @dataclass
 class Report:
@@ -38,52 +37,53 @@ def _scan(client: redis.Redis, key: str):
 
 def examine(client: redis.Redis, keys: Keys) -> Report:
     """Compare stored counters with those recomputed from the records."""
-    groups = Counter[str]()
-    for _, raw in _scan(client, keys.groups):
-        groups[decode_group(raw).state] += 1
-    reserved = 0
-    current: set[str] = set()
-    for _, raw in _scan(client, keys.episodes):
-        e = decode_episode(raw)
-        reserved += e.held
-        if e.state == "active":
-            current.add(e.aid)
+    groups = {gid.decode(): decode_group(raw) for gid, raw in _scan(client, keys.groups)}
+    states = Counter(g.state for g in groups.values())
     live: dict[str, set[str]] = {"running": set(), "doubtful": set()}
+    ended = Counter[str]()  # group id -> members whose current attempt ended
+    current = Counter[tuple[str, int]]()  # (group id, member) -> attempts not superseded
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
         if a.state in live:
             live[a.state].add(aid.decode())
+        if a.state not in SUPERSEDED:
+            current[(a.g, a.m)] += 1
+        if a.state in ENDED:
+            ended[a.g] += 1
 
     expected = {
-        "reserved": reserved,
+        "reserved": sum(g.slots_held for g in groups.values()),
         "running": len(live["running"]),
         "doubtful": len(live["doubtful"]),
-        "in_flight": groups["in_flight"] + groups["complete"],
-        "accepted": groups["accepted"] + groups["delivered"] + groups["consumed"],
-        "rejected": groups["rejected"],
-        "consumed": groups["consumed"],
-        "admitted": sum(groups.values()),
+        "in_flight": states["in_flight"] + states["complete"],
+        "accepted": states["accepted"] + states["delivered"] + states["consumed"],
+        "rejected": states["rejected"],
+        "consumed": states["consumed"],
+        "admitted": len(groups),
     }
     stored = {f.decode(): int(v) for f, v in client.hgetall(keys.counters).items()}
     report = Report(expected, stored)
+    problems = report.problems
     for name, value in expected.items():
         if stored.get(name, 0) != value:
-            report.problems.append(f"{name}: stored {stored.get(name, 0)}, records say {value}")
-    for name, value in sorted(stored.items()):
-        if value < 0:
-            report.problems.append(f"{name}: negative ({value})")
+            problems.append(f"{name}: stored {stored.get(name, 0)}, records say {value}")
+    problems += [f"{name}: negative ({value})" for name, value in sorted(stored.items())
+                 if value < 0]
     for state, zkey in (("running", keys.leases), ("doubtful", keys.doubt)):
         members = {m.decode() for m in client.zrange(zkey, 0, -1)}
         if members != live[state]:
-            report.problems.append(
-                f"{zkey}: holds {len(members)} attempts, {len(live[state])} are {state}"
-            )
-        stray = live[state] - current
-        if stray:
-            report.problems.append(f"{len(stray)} {state} attempts are not their episode's current one")
+            problems.append(f"{zkey}: holds {len(members)} attempts, {len(live[state])} are {state}")
+    for gid, g in sorted(groups.items()):
+        if g.state in PURGED:
+            continue
+        if ended[gid] != g.done:
+            problems.append(f"group {gid}: done {g.done}, {ended[gid]} members ended")
+        for m in range(g.G):
+            if current[(gid, m)] != 1:
+                problems.append(f"group {gid} member {m}: {current[(gid, m)]} current attempts")
     ready = client.llen(keys.ready)
-    if ready != groups["accepted"]:
-        report.problems.append(f"ready queue holds {ready}, {groups['accepted']} groups are accepted")
+    if ready != states["accepted"]:
+        problems.append(f"ready queue holds {ready}, {states['accepted']} groups are accepted")
     return report
 
 

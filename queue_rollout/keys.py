@@ -55,11 +55,6 @@ class Keys:
         return self._k("groups")
 
     @property
-    def episodes(self) -> str:
-        """Hash ``gid/member`` -> episode record JSON."""
-        return self._k("episodes")
-
-    @property
     def attempts(self) -> str:
         """Hash attempt id -> attempt record JSON."""
         return self._k("attempts")
@@ -107,11 +102,11 @@ class Keys:
     def all_farm_keys(self) -> list[str]:
         return [
             self.counters, self.state, self.pending, self.prompts, self.groups,
-            self.episodes, self.attempts, self.results, self.outbox, self.leases,
+            self.attempts, self.results, self.outbox, self.leases,
             self.doubt, self.events, self.ready, self.batches,
         ]
 
 
 def episode_field(group_id: str, member: int) -> str:
-    """Field of an episode in the episodes and results hashes (as _lib.lua builds it)."""
+    """Field of an episode's result in the results hash (as _lib.lua builds it)."""
     return f"{group_id}/{member}"

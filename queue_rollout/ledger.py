@@ -19,8 +19,8 @@ import redis
 from .config import Config, RolloutConfig
 from .keys import EVENTS_GROUP, Keys, episode_field
 from .records import (
-    AttemptRecord, BatchRecord, EpisodeRecord, GroupRecord, decode_attempt, decode_batch,
-    decode_episode, decode_group,
+    SUPERSEDED, AttemptRecord, BatchRecord, GroupRecord, decode_attempt, decode_batch,
+    decode_group,
 )
 from .redis_conn import client_url, translate_errors
 from .scripts import Scripts
@@ -117,7 +117,7 @@ class Ledger:
         aids = [new_attempt_id() for _ in range(r.group_size)]
         reply = self._call(
             "admit",
-            [k.counters, k.state, k.pending, k.groups, k.episodes, k.attempts, k.outbox],
+            [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox],
             r.group_size, r.batch_size, r.capacity_slots(live_worker_slots),
             r.max_staleness, r.mode, *aids,
         )
@@ -143,7 +143,7 @@ class Ledger:
         """Heartbeat: renew the lease; *seq* must grow per attempt."""
         k = self.keys
         return self._answer(
-            "progress", [k.counters, k.attempts, k.episodes, k.leases, k.doubt],
+            "progress", [k.counters, k.attempts, k.leases, k.doubt],
             aid, worker, seq, repr(float(lease_s)), tokens,
         )
 
@@ -156,7 +156,7 @@ class Ledger:
         k = self.keys
         return self._answer(
             "finish",
-            [k.counters, k.attempts, k.episodes, k.groups, k.results, k.leases, k.doubt, k.events],
+            [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events],
             aid, member, outcome, output_tokens, result,
         )
 
@@ -164,7 +164,7 @@ class Ledger:
         """A running attempt may or may not still run: it keeps its slot."""
         k = self.keys
         return self._answer(
-            "doubt", [k.counters, k.attempts, k.episodes, k.leases, k.doubt], aid, cause,
+            "doubt", [k.counters, k.attempts, k.leases, k.doubt], aid, cause,
         )
 
     def retry(
@@ -176,7 +176,7 @@ class Ledger:
         k = self.keys
         return self._answer(
             "retry",
-            [k.counters, k.attempts, k.episodes, k.groups, k.outbox, k.leases, k.doubt, k.events],
+            [k.counters, k.attempts, k.groups, k.outbox, k.leases, k.doubt, k.events],
             aid, new_attempt_id(), resolution, cause, self.rollout.max_attempts,
             repr(float(doubt_s)),
         )
@@ -188,7 +188,7 @@ class Ledger:
         k = self.keys
         return self._answer(
             "judge",
-            [k.counters, k.groups, k.ready, k.events, k.prompts, k.episodes, k.attempts, k.results],
+            [k.counters, k.groups, k.ready, k.events, k.prompts, k.attempts, k.results],
             group_id, "accept" if accept else "reject", reason, EVENTS_GROUP, entry_id,
         )
 
@@ -208,7 +208,7 @@ class Ledger:
         k = self.keys
         return self._answer(
             "ack",
-            [k.counters, k.groups, k.batches, k.prompts, k.episodes, k.attempts, k.results],
+            [k.counters, k.groups, k.batches, k.prompts, k.attempts, k.results],
             consumer, batch_id,
         )
 
@@ -243,9 +243,21 @@ class Ledger:
         raw = self.client.hget(self.keys.groups, group_id)
         return decode_group(raw) if raw else None
 
-    def episode(self, group_id: str, member: int) -> EpisodeRecord | None:
-        raw = self.client.hget(self.keys.episodes, episode_field(group_id, member))
-        return decode_episode(raw) if raw else None
+    def member_attempts(self, group_id: str, member: int) -> list[tuple[str, AttemptRecord]]:
+        """Every attempt of one member still on record, oldest first."""
+        group = self.group(group_id)
+        if group is None:
+            return []
+        ids = group.attempt_ids
+        raws = self.client.hmget(self.keys.attempts, ids)
+        found = [(aid, decode_attempt(raw)) for aid, raw in zip(ids, raws) if raw]
+        return [(aid, a) for aid, a in found if a.m == member]
+
+    def current_attempt(self, group_id: str, member: int) -> tuple[str, AttemptRecord] | None:
+        """The member's attempt that has not been superseded (stopped or lost)."""
+        current = [(aid, a) for aid, a in self.member_attempts(group_id, member)
+                   if a.state not in SUPERSEDED]
+        return current[-1] if current else None
 
     def attempt(self, aid: str) -> AttemptRecord | None:
         raw = self.client.hget(self.keys.attempts, aid)

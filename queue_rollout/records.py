@@ -7,11 +7,12 @@ from typing import Literal
 import msgspec
 
 GroupState = Literal["in_flight", "complete", "accepted", "delivered", "consumed", "rejected"]
-EpisodeState = Literal["active", "finished", "failed"]
 AttemptState = Literal["queued", "running", "doubtful", "finished", "failed", "stopped", "lost"]
 
-#: Attempt states that hold a live claim on a replica.
-LIVE_ATTEMPT_STATES = ("running", "doubtful")
+#: Attempt states of an attempt that was superseded by a retry.
+SUPERSEDED = frozenset({"stopped", "lost"})
+#: Attempt states in which the episode has ended.
+ENDED = frozenset({"finished", "failed"})
 
 
 class GroupRecord(msgspec.Struct, frozen=True):
@@ -23,32 +24,32 @@ class GroupRecord(msgspec.Struct, frozen=True):
     failed: int
     version: int
     admitted_at: float
+    aids: str
     completed_at: float | None = None
     judged_at: float | None = None
     delivered_at: float | None = None
     consumed_at: float | None = None
     reason: str | None = None
 
-
-class EpisodeRecord(msgspec.Struct, frozen=True):
-    g: str
-    m: int
-    aid: str
-    held: int
-    state: EpisodeState
-    n: int
-    stops: int
-    aids: str
-
     @property
     def attempt_ids(self) -> list[str]:
+        """Every attempt id the group ever had, in creation order."""
         return self.aids.split(",")
+
+    @property
+    def slots_held(self) -> int:
+        """Episode slots this group holds: group mode all G until it completes, sample
+        mode one per member that has not ended."""
+        if self.state != "in_flight":
+            return 0
+        return self.G if self.mode == "group" else self.G - self.done
 
 
 class AttemptRecord(msgspec.Struct, frozen=True):
     g: str
     m: int
     n: int
+    stops: int
     state: AttemptState
     created_at: float
     worker: str | None = None
@@ -73,10 +74,6 @@ class BatchRecord(msgspec.Struct, frozen=True):
 
 def decode_group(raw: bytes) -> GroupRecord:
     return msgspec.json.decode(raw, type=GroupRecord)
-
-
-def decode_episode(raw: bytes) -> EpisodeRecord:
-    return msgspec.json.decode(raw, type=EpisodeRecord)
 
 
 def decode_attempt(raw: bytes) -> AttemptRecord:

@@ -4,7 +4,9 @@ on the same Redis in the same run: the round-trip floor that no script can beat.
 
 Each client is its own process with its own connection, so the Python GIL does not
 serialise the clients. A client cycles through admit (one group), then start and
-finish for each of its G attempts; every script call counts as one operation.
+finish for each of its G attempts; every script call counts as one operation. The two
+kinds alternate in short segments (trivial, ledger, ledger, trivial, ...) on a shared
+schedule, so a change in the machine's background load hits both alike.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from ..ledger import Ledger
 
 GROUP = 8
 FARM = "bench"
+GAP_S = 0.2  # idle time between segments
 
 
 @dataclass(frozen=True)
 class LedgerBenchResult:
     clients: int
-    seconds: float
+    seconds: float  # per kind, summed over segments
     ledger_ops: int
     trivial_calls: int
 
@@ -59,62 +62,68 @@ def _rollout() -> RolloutConfig:
                          max_staleness=10**9)
 
 
-def _ledger_client(url: str, index: int, start_at: float, seconds: float, out: mp.Queue) -> None:
+def segment_kinds(rounds: int) -> list[str]:
+    """ABBA order: trivial, ledger, ledger, trivial, ..."""
+    pair = ("trivial", "ledger")
+    return [k for r in range(rounds) for k in (pair if r % 2 == 0 else pair[::-1])]
+
+
+def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
+            out: mp.Queue) -> None:
     client = redis.Redis.from_url(url)
     ledger = Ledger(client, FARM, _rollout())
-    worker = f"bench-{index}"
-    while time.time() < start_at:
-        time.sleep(0.001)
-    ops, deadline = 0, start_at + seconds
-    while time.time() < deadline:
-        admission = ledger.admit()
-        ops += 1
-        if admission.status != "admitted":
-            break
-        for member, aid in enumerate(admission.attempt_ids):
-            ledger.start(aid, worker, "replica", "boot", 30)
-            ledger.finish(aid, member, b"{}", output_tokens=1)
-            ops += 2
-    out.put(ops)
-
-
-def _trivial_client(url: str, index: int, start_at: float, seconds: float, out: mp.Queue) -> None:
-    client = redis.Redis.from_url(url)
-    script = client.register_script("return 1")
+    trivial = client.register_script("return 1")
     key = f"bench:{{{FARM}}}:trivial"
-    script(keys=[key], args=[index])  # load it before the clock starts
-    while time.time() < start_at:
-        time.sleep(0.001)
-    calls, deadline = 0, start_at + seconds
-    while time.time() < deadline:
-        script(keys=[key], args=[index])
-        calls += 1
-    out.put(calls)
+    trivial(keys=[key], args=[index])  # loaded before the clock starts
+    worker = f"bench-{index}"
+    counts = {"trivial": 0, "ledger": 0}
+    for i, kind in enumerate(segment_kinds(rounds)):
+        start = t0 + i * (segment_s + GAP_S)
+        deadline = start + segment_s
+        while time.time() < start:
+            time.sleep(0.0005)
+        n = 0
+        if kind == "trivial":
+            while time.time() < deadline:
+                trivial(keys=[key], args=[index])
+                n += 1
+        else:
+            while time.time() < deadline:
+                admission = ledger.admit()
+                n += 1
+                for member, aid in enumerate(admission.attempt_ids):
+                    ledger.start(aid, worker, "replica", "boot", 30)
+                    ledger.finish(aid, member, b"{}", output_tokens=1)
+                    n += 2
+        counts[kind] += n
+    out.put(counts)
 
 
-def _phase(target, url: str, clients: int, seconds: float) -> int:
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    start_at = time.time() + 1.5  # spawn and import before the start line
-    procs = [ctx.Process(target=target, args=(url, i, start_at, seconds, out))
-             for i in range(clients)]
-    for p in procs:
-        p.start()
-    total = sum(out.get(timeout=seconds + 60) for _ in procs)
-    for p in procs:
-        p.join()
-    return total
-
-
-def run_ledger_bench(*, clients: int = 8, seconds: float = 5.0, prompts: int = 60_000) -> LedgerBenchResult:
-    """Both phases against one private redis-server (never a production farm)."""
+def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
+                     prompts: int = 60_000) -> LedgerBenchResult:
+    """Run against a private redis-server (never a production farm). *seconds* is the
+    time per kind, split into *rounds* segments of each."""
+    segment_s = seconds / rounds
     with tempfile.TemporaryDirectory(prefix="qr-bench-") as tmp, \
             EmbeddedRedis(tmp, write_url=False, appendfsync="everysec") as server:
         client = redis.Redis.from_url(server.url)
         setup = Ledger(client, FARM, _rollout())
         for start in range(0, prompts, 5000):
             setup.submit((f"p{i}", b"{}") for i in range(start, min(start + 5000, prompts)))
-        trivial = _phase(_trivial_client, server.url, clients, seconds)
-        ledger = _phase(_ledger_client, server.url, clients, seconds)
         client.close()
-    return LedgerBenchResult(clients, seconds, ledger, trivial)
+        ctx = mp.get_context("spawn")
+        out: mp.Queue = ctx.Queue()
+        t0 = time.time() + 2.0  # spawn and import before the first segment
+        procs = [ctx.Process(target=_client, args=(server.url, i, t0, segment_s, rounds, out))
+                 for i in range(clients)]
+        for p in procs:
+            p.start()
+        total = 2 * rounds * (segment_s + GAP_S) + 60
+        results = [out.get(timeout=total) for _ in procs]
+        for p in procs:
+            p.join()
+    return LedgerBenchResult(
+        clients, seconds,
+        ledger_ops=sum(r["ledger"] for r in results),
+        trivial_calls=sum(r["trivial"] for r in results),
+    )

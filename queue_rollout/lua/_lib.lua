@@ -3,12 +3,13 @@
 -- touches as arguments, so each script's header stays the whole truth about its keys.
 --
 -- Records are JSON objects in farm-wide hashes:
---   groups[gid]        {id, G, mode, state, done, failed, version, admitted_at, ...}
---   episodes[gid/m]    {g, m, aid, held, state, n, stops, aids}
---   attempts[aid]      {g, m, n, state, worker, replica, boot, lease, seq, tokens, ...}
+--   groups[gid]    {id, G, mode, state, done, failed, version, admitted_at, aids, ...}
+--                  aids: every attempt id the group ever had, comma-separated
+--   attempts[aid]  {g, m, n, stops, state, worker, replica, boot, lease, seq, ...}
 -- Group states:   in_flight -> complete -> accepted -> delivered -> consumed | rejected
--- Episode states: active -> finished | failed
 -- Attempt states: queued -> running -> doubtful -> finished | failed | stopped | lost
+-- A member's current attempt is its one attempt not stopped or lost; the member has
+-- ended when that attempt is finished or failed.
 
 local function get_json(key, field)
   local raw = redis.call('HGET', key, field)
@@ -50,12 +51,19 @@ local function leave_live_state(counters, leases, doubt, aid, a)
   end
 end
 
--- An episode reached a terminal state (finished or failed). Sample mode releases
--- its slot now; when the last member is terminal the group completes, every slot it
--- still holds is released (group mode) and the completion goes on the events stream.
--- Returns true when the group completed.
-local function episode_terminal(k, now, g, e, outcome)
-  e.state = outcome
+-- Why a notification about an attempt that is no longer live is refused.
+local function ended_reason(a)
+  if a.state == 'stopped' or a.state == 'lost' then return 'superseded attempt' end
+  if a.state == 'finished' or a.state == 'failed' then return 'duplicate result' end
+  return 'attempt is ' .. a.state
+end
+
+-- An episode ended: its current attempt finished, or it failed for good. Sample mode
+-- gives its slot back now; group mode gives all G back when the last member ends.
+-- A completed group goes on the events stream. Returns true when the group completed.
+-- Slots held are never stored per episode: they follow from the group's mode, state
+-- and done count (doctor recomputes them so).
+local function episode_terminal(k, now, g, outcome)
   g.done = g.done + 1
   if outcome == 'failed' then
     g.failed = g.failed + 1
@@ -63,45 +71,26 @@ local function episode_terminal(k, now, g, e, outcome)
   else
     bump(k.counters, 'finished', 1)
   end
-  if g.mode == 'sample' and e.held == 1 then
-    e.held = 0
-    bump(k.counters, 'reserved', -1)
+  if g.mode == 'sample' then bump(k.counters, 'reserved', -1) end
+  local complete = g.done >= g.G
+  if complete then
+    if g.mode == 'group' then bump(k.counters, 'reserved', -g.G) end
+    g.state = 'complete'
+    g.completed_at = now
+    redis.call('XADD', k.events, '*', 'group', g.id, 'failed', g.failed)
   end
-  put_json(k.episodes, episode_field(g.id, e.m), e)
-  if g.done < g.G then
-    put_json(k.groups, g.id, g)
-    return false
-  end
-  -- in sample mode every member released its slot when it ended
-  for m = 0, (g.mode == 'group' and g.G or 0) - 1 do
-    local field = episode_field(g.id, m)
-    local other = get_json(k.episodes, field)
-    if other.held == 1 then
-      other.held = 0
-      bump(k.counters, 'reserved', -1)
-      put_json(k.episodes, field, other)
-    end
-  end
-  g.state = 'complete'
-  g.completed_at = now
   put_json(k.groups, g.id, g)
-  redis.call('XADD', k.events, '*', 'group', g.id, 'failed', g.failed)
-  return true
+  return complete
 end
 
--- Delete a judged group's bulky detail (prompt, results, episodes, attempts); the
--- small group record stays so its id is never admitted or delivered twice.
+-- Delete a judged group's bulky detail (prompt, attempts, results); the small group
+-- record stays so its id is never admitted or delivered twice.
 local function purge_group(k, g)
   redis.call('HDEL', k.prompts, g.id)
+  for aid in string.gmatch(g.aids, '[^,]+') do
+    redis.call('HDEL', k.attempts, aid)
+  end
   for m = 0, g.G - 1 do
-    local field = episode_field(g.id, m)
-    local e = get_json(k.episodes, field)
-    if e then
-      for aid in string.gmatch(e.aids, '[^,]+') do
-        redis.call('HDEL', k.attempts, aid)
-      end
-      redis.call('HDEL', k.episodes, field)
-    end
-    redis.call('HDEL', k.results, field)
+    redis.call('HDEL', k.results, episode_field(g.id, m))
   end
 end

@@ -5,9 +5,8 @@
 -- KEYS[2] = groups hash
 -- KEYS[3] = batches hash
 -- KEYS[4] = prompts hash
--- KEYS[5] = episodes hash
--- KEYS[6] = attempts hash
--- KEYS[7] = results hash
+-- KEYS[5] = attempts hash
+-- KEYS[6] = results hash
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = consumer id
 -- ARGV[3] = batch id
@@ -20,7 +19,7 @@ if not raw then return ignored(counters, 'no batch held') end
 local batch = cjson.decode(raw)
 if batch.id ~= ARGV[3] then return ignored(counters, 'not the held batch') end
 
-local k = {prompts = KEYS[4], episodes = KEYS[5], attempts = KEYS[6], results = KEYS[7]}
+local k = {prompts = KEYS[4], attempts = KEYS[5], results = KEYS[6]}
 for _, gid in ipairs(batch.groups) do
   local g = get_json(KEYS[2], gid)
   g.state = 'consumed'

@@ -8,9 +8,8 @@
 -- KEYS[2] = state hash (version, paused)
 -- KEYS[3] = pending list of prompt ids
 -- KEYS[4] = groups hash
--- KEYS[5] = episodes hash
--- KEYS[6] = attempts hash
--- KEYS[7] = outbox list of attempt ids waiting for their RQ job
+-- KEYS[5] = attempts hash
+-- KEYS[6] = outbox list of attempt ids waiting for their RQ job
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = group size G
 -- ARGV[3] = batch size B
@@ -49,21 +48,19 @@ local gid = redis.call('LPOP', KEYS[3])
 if redis.call('HEXISTS', KEYS[4], gid) == 1 then
   return redis.error_reply('admit: group ' .. gid .. ' already exists')
 end
-put_json(KEYS[4], gid, {id = gid, G = G, mode = mode, state = 'in_flight', done = 0,
-  failed = 0, version = version, admitted_at = now})
-local reply = {'admitted', gid}
+local aids = {}
 for m = 0, G - 1 do
   local aid = ARGV[7 + m]
-  if redis.call('HEXISTS', KEYS[6], aid) == 1 then
+  if redis.call('HEXISTS', KEYS[5], aid) == 1 then
     return redis.error_reply('admit: attempt id ' .. aid .. ' already exists')
   end
-  put_json(KEYS[5], episode_field(gid, m), {g = gid, m = m, aid = aid, held = 1,
-    state = 'active', n = 1, stops = 0, aids = aid})
-  put_json(KEYS[6], aid, {g = gid, m = m, n = 1, state = 'queued', created_at = now})
-  redis.call('RPUSH', KEYS[7], aid)
-  reply[#reply + 1] = aid
+  put_json(KEYS[5], aid, {g = gid, m = m, n = 1, stops = 0, state = 'queued', created_at = now})
+  aids[m + 1] = aid
 end
+put_json(KEYS[4], gid, {id = gid, G = G, mode = mode, state = 'in_flight', done = 0,
+  failed = 0, version = version, admitted_at = now, aids = table.concat(aids, ',')})
+redis.call('RPUSH', KEYS[6], unpack(aids))
 bump(counters, 'reserved', G)
 bump(counters, 'in_flight', 1)
 bump(counters, 'admitted', 1)
-return reply
+return {'admitted', gid, unpack(aids)}

@@ -6,12 +6,11 @@
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
--- KEYS[3] = episodes hash
--- KEYS[4] = groups hash
--- KEYS[5] = results hash (gid/member -> encoded result)
--- KEYS[6] = leases sorted set
--- KEYS[7] = doubt sorted set
--- KEYS[8] = events stream (group completions)
+-- KEYS[3] = groups hash
+-- KEYS[4] = results hash (gid/member -> encoded result)
+-- KEYS[5] = leases sorted set
+-- KEYS[6] = doubt sorted set
+-- KEYS[7] = events stream (group completions)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = member index the worker ran
@@ -29,23 +28,19 @@ end
 local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
 if tonumber(ARGV[3]) ~= a.m then return ignored(counters, 'member mismatch') end
-local g = get_json(KEYS[4], a.g)
-if not g then return ignored(counters, 'unknown group') end
-local e = get_json(KEYS[3], episode_field(a.g, a.m))
-if not e or e.aid ~= aid then return ignored(counters, 'superseded attempt') end
-if e.state ~= 'active' then return ignored(counters, 'duplicate result') end
 if a.state ~= 'running' and a.state ~= 'doubtful' then
-  return ignored(counters, 'attempt is ' .. a.state)
+  return ignored(counters, ended_reason(a))
 end
+local g = get_json(KEYS[3], a.g)
 
-leave_live_state(counters, KEYS[6], KEYS[7], aid, a)
+leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 a.state = outcome
 a.ended_at = now
 put_json(KEYS[2], aid, a)
-redis.call('HSET', KEYS[5], episode_field(a.g, a.m), ARGV[6])
+redis.call('HSET', KEYS[4], episode_field(a.g, a.m), ARGV[6])
 bump(counters, 'output_tokens', tonumber(ARGV[5]))
-local k = {counters = counters, episodes = KEYS[3], groups = KEYS[4], events = KEYS[8]}
-if episode_terminal(k, now, g, e, outcome) then
+local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
+if episode_terminal(k, now, g, outcome) then
   return {'recorded', 'group_complete'}
 end
 return {'recorded', ''}

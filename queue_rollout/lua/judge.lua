@@ -8,9 +8,8 @@
 -- KEYS[3] = ready list of group ids
 -- KEYS[4] = events stream
 -- KEYS[5] = prompts hash
--- KEYS[6] = episodes hash
--- KEYS[7] = attempts hash
--- KEYS[8] = results hash
+-- KEYS[6] = attempts hash
+-- KEYS[7] = results hash
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = group id
 -- ARGV[3] = verdict: "accept" or "reject"
@@ -40,7 +39,7 @@ elseif verdict == 'reject' then
   put_json(KEYS[2], gid, g)
   bump(counters, 'rejected', 1)
   bump(counters, 'rejected:' .. ARGV[4], 1)
-  purge_group({prompts = KEYS[5], episodes = KEYS[6], attempts = KEYS[7], results = KEYS[8]}, g)
+  purge_group({prompts = KEYS[5], attempts = KEYS[6], results = KEYS[7]}, g)
   return {'rejected', ARGV[4]}
 end
 return redis.error_reply('judge: verdict must be accept or reject, got ' .. verdict)

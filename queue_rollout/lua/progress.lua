@@ -5,9 +5,8 @@
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
--- KEYS[3] = episodes hash
--- KEYS[4] = leases sorted set
--- KEYS[5] = doubt sorted set (attempt id -> doubtful since)
+-- KEYS[3] = leases sorted set
+-- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = worker id
@@ -21,17 +20,15 @@ local now, aid = tonumber(ARGV[1]), ARGV[2]
 local seq = tonumber(ARGV[4])
 local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
-local e = get_json(KEYS[3], episode_field(a.g, a.m))
-if not e or e.aid ~= aid then return ignored(counters, 'superseded attempt') end
 if a.state ~= 'running' and a.state ~= 'doubtful' then
-  return ignored(counters, 'attempt is ' .. a.state)
+  return ignored(counters, ended_reason(a))
 end
 if a.worker ~= ARGV[3] then return ignored(counters, 'wrong worker') end
 if seq <= a.seq then return ignored(counters, 'duplicate progress') end
 
 local status = 'ok'
 if a.state == 'doubtful' then
-  leave_live_state(counters, KEYS[4], KEYS[5], aid, a)
+  leave_live_state(counters, KEYS[3], KEYS[4], aid, a)
   a.state = 'running'
   a.doubt_at = nil
   a.cause = nil
@@ -42,5 +39,5 @@ a.seq = seq
 a.tokens = tonumber(ARGV[6])
 a.lease = now + tonumber(ARGV[5])
 put_json(KEYS[2], aid, a)
-redis.call('ZADD', KEYS[4], a.lease, aid)
+redis.call('ZADD', KEYS[3], a.lease, aid)
 return {status, ''}

@@ -39,7 +39,7 @@ def test_doctor_passes_fails_on_a_corrupt_counter_and_repairs(make_ledger, farm_
     assert "doctor: ok (4 slots reserved, 2 groups in flight)" in capsys.readouterr().out
 
     ledger.client.hincrby(ledger.keys.counters, "reserved", 3)
-    ledger.client.zrem(ledger.keys.leases, ledger.episode("p2", 1).aid)
+    ledger.client.zrem(ledger.keys.leases, ledger.current_attempt("p2", 1)[0])
     assert main(["doctor", "-c", farm_toml]) == 1
     out = capsys.readouterr().out
     assert "reserved: stored 7, records say 4" in out
@@ -56,6 +56,15 @@ def test_doctor_reports_negative_counters(make_ledger):
     ledger.client.hset(ledger.keys.counters, "finished", -1)
     report = examine(ledger.client, ledger.keys)
     assert "finished: negative (-1)" in report.problems
+
+
+def test_doctor_finds_a_group_whose_done_count_disagrees_with_its_attempts(make_ledger):
+    ledger = busy_ledger(make_ledger)
+    raw = ledger.client.hget(ledger.keys.groups, "p1")
+    ledger.client.hset(ledger.keys.groups, "p1", raw.replace(b'"done":0', b'"done":1'))
+    problems = examine(ledger.client, ledger.keys).problems
+    assert "group p1: done 1, 0 members ended" in problems
+    assert "reserved: stored 4, records say 3" in problems
 
 
 def test_doctor_without_redis_exits_4_and_hides_the_password(tmp_path, capsys):

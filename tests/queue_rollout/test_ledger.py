@@ -150,9 +150,10 @@ def test_doubtful_attempt_keeps_its_slot_until_a_confirmed_stop_then_retries_in_
     retried = ledger.retry(aid, cause="replica_restart")
     assert retried.status == "retried"
     new = retried.detail
-    episode = ledger.episode(g.group_id, 1)
-    assert episode.aid == new and episode.held == 1 and episode.n == 2
-    assert ledger.attempt(new).m == 1  # same member: same seed (I7)
+    current_id, current = ledger.current_attempt(g.group_id, 1)
+    assert current_id == new and current.n == 2 and current.stops == 1
+    assert current.m == 1  # same member: same seed (I7)
+    assert ledger.attempt(aid).state == "stopped"
     assert ledger.counters()["reserved"] == 2  # the slot moved, it was not released
     assert ledger.client.lrange(ledger.keys.outbox, -1, -1) == [new.encode()]
     assert ledger.counters()["retries:replica_restart"] == 1

@@ -10,7 +10,7 @@ from queue_rollout.cli import main
 
 def test_ledger_bench_json_shape(capsys):
     assert main(["bench", "--profile", "ledger", "--json", "--clients", "2",
-                 "--seconds", "0.5"]) == 0
+                 "--seconds", "0.6", "--rounds", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"profile", "clients", "ledger_ops_per_s", "trivial_script_per_s",
                            "ratio"}
@@ -18,3 +18,9 @@ def test_ledger_bench_json_shape(capsys):
     assert result["ledger_ops_per_s"] > 0 and result["trivial_script_per_s"] > 0
     expected = result["ledger_ops_per_s"] / result["trivial_script_per_s"]
     assert abs(result["ratio"] - expected) < 0.01
+
+
+def test_segments_alternate_abba():
+    from queue_rollout.bench.ledger import segment_kinds
+
+    assert segment_kinds(2) == ["trivial", "ledger", "ledger", "trivial"]
