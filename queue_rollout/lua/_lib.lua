@@ -54,7 +54,6 @@ end
 -- Why a notification about an attempt that is no longer live is refused.
 local function ended_reason(a)
   if a.state == 'stopped' or a.state == 'lost' then return 'superseded attempt' end
-  if a.state == 'finished' or a.state == 'failed' then return 'duplicate result' end
   return 'attempt is ' .. a.state
 end
 

@@ -28,6 +28,9 @@ end
 local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
 if tonumber(ARGV[3]) ~= a.m then return ignored(counters, 'member mismatch') end
+if a.state == 'finished' or a.state == 'failed' then
+  return ignored(counters, 'duplicate result')
+end
 if a.state ~= 'running' and a.state ~= 'doubtful' then
   return ignored(counters, ended_reason(a))
 end
