@@ -68,6 +68,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         print(f"ledger ops/s (admit, start, finish): {result.ledger_ops_per_s:,.0f}")
         print(f"trivial script calls/s (floor):      {result.trivial_script_per_s:,.0f}")
         print(f"ratio:                               {result.ratio:.2f}")
+        costs = ", ".join(f"{k} {v:g}" for k, v in result.redis_us_per_call.items())
+        print(f"Redis time per call (us, one client): {costs}")
     return 0
 
 

@@ -33,6 +33,7 @@ class LedgerBenchResult:
     seconds: float  # per kind, summed over segments
     ledger_ops: int
     trivial_calls: int
+    redis_us_per_call: dict[str, float]
 
     @property
     def ledger_ops_per_s(self) -> float:
@@ -53,6 +54,7 @@ class LedgerBenchResult:
             "ledger_ops_per_s": round(self.ledger_ops_per_s, 1),
             "trivial_script_per_s": round(self.trivial_script_per_s, 1),
             "ratio": round(self.ratio, 3),
+            "redis_us_per_call": self.redis_us_per_call,
         }
 
 
@@ -99,6 +101,40 @@ def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
     out.put(counts)
 
 
+def _evalsha_us(client: redis.Redis) -> float:
+    return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+
+
+def script_costs(url: str, groups: int = 200) -> dict[str, float]:
+    """Redis-side microseconds per call of each script (INFO commandstats), measured
+    from one client, one operation kind at a time."""
+    client = redis.Redis.from_url(url)
+    ledger = Ledger(client, "bench-cost", _rollout())
+    ledger.submit((f"c{i}", b"{}") for i in range(groups))
+    trivial = client.register_script("return 1")
+    trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
+    costs: dict[str, float] = {}
+    client.config_resetstat()
+    admissions = [ledger.admit() for _ in range(groups)]
+    costs["admit"] = _evalsha_us(client)
+    client.config_resetstat()
+    for a in admissions:
+        for aid in a.attempt_ids:
+            ledger.start(aid, "cost", "replica", "boot", 30)
+    costs["start"] = _evalsha_us(client)
+    client.config_resetstat()
+    for a in admissions:
+        for member, aid in enumerate(a.attempt_ids):
+            ledger.finish(aid, member, b"{}", output_tokens=1)
+    costs["finish"] = _evalsha_us(client)
+    client.config_resetstat()
+    for _ in range(groups * 8):
+        trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
+    costs["trivial"] = _evalsha_us(client)
+    client.close()
+    return {k: round(v, 1) for k, v in costs.items()}
+
+
 def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
                      prompts: int = 60_000) -> LedgerBenchResult:
     """Run against a private redis-server (never a production farm). *seconds* is the
@@ -122,8 +158,10 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
         results = [out.get(timeout=total) for _ in procs]
         for p in procs:
             p.join()
+        costs = script_costs(server.url)
     return LedgerBenchResult(
         clients, seconds,
         ledger_ops=sum(r["ledger"] for r in results),
         trivial_calls=sum(r["trivial"] for r in results),
+        redis_us_per_call=costs,
     )

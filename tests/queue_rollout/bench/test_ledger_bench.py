@@ -13,7 +13,9 @@ def test_ledger_bench_json_shape(capsys):
                  "--seconds", "0.6", "--rounds", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"profile", "clients", "ledger_ops_per_s", "trivial_script_per_s",
-                           "ratio"}
+                           "ratio", "redis_us_per_call"}
+    assert set(result["redis_us_per_call"]) == {"admit", "start", "finish", "trivial"}
+    assert all(v > 0 for v in result["redis_us_per_call"].values())
     assert result["profile"] == "ledger" and result["clients"] == 2
     assert result["ledger_ops_per_s"] > 0 and result["trivial_script_per_s"] > 0
     expected = result["ledger_ops_per_s"] / result["trivial_script_per_s"]
