@@ -44,16 +44,21 @@ if counter(counters, 'reserved') + G > capacity then
   return {'blocked', 'capacity'}
 end
 
-local gid = redis.call('LPOP', KEYS[3])
+-- Every check before the first write: Redis does not undo a script's writes when it
+-- returns an error.
+local gid = redis.call('LINDEX', KEYS[3], 0)
 if redis.call('HEXISTS', KEYS[4], gid) == 1 then
   return redis.error_reply('admit: group ' .. gid .. ' already exists')
 end
+for m = 0, G - 1 do
+  if redis.call('HEXISTS', KEYS[5], ARGV[7 + m]) == 1 then
+    return redis.error_reply('admit: attempt id ' .. ARGV[7 + m] .. ' already exists')
+  end
+end
+redis.call('LPOP', KEYS[3])
 local aids = {}
 for m = 0, G - 1 do
   local aid = ARGV[7 + m]
-  if redis.call('HEXISTS', KEYS[5], aid) == 1 then
-    return redis.error_reply('admit: attempt id ' .. aid .. ' already exists')
-  end
   put_json(KEYS[5], aid, {g = gid, m = m, n = 1, stops = 0, state = 'queued', created_at = now})
   aids[m + 1] = aid
 end

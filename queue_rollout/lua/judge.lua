@@ -20,6 +20,9 @@
 
 local counters = KEYS[1]
 local now, gid, verdict = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+if verdict ~= 'accept' and verdict ~= 'reject' then
+  return redis.error_reply('judge: verdict must be accept or reject, got ' .. verdict)
+end
 if ARGV[6] ~= '' then redis.call('XACK', KEYS[4], ARGV[5], ARGV[6]) end
 local g = get_json(KEYS[2], gid)
 if not g then return ignored(counters, 'unknown group') end
@@ -33,7 +36,7 @@ if verdict == 'accept' then
   redis.call('RPUSH', KEYS[3], gid)
   bump(counters, 'accepted', 1)
   return {'accepted', ''}
-elseif verdict == 'reject' then
+else
   g.state = 'rejected'
   g.reason = ARGV[4]
   put_json(KEYS[2], gid, g)
@@ -42,4 +45,3 @@ elseif verdict == 'reject' then
   purge_group({prompts = KEYS[5], attempts = KEYS[6], results = KEYS[7]}, g)
   return {'rejected', ARGV[4]}
 end
-return redis.error_reply('judge: verdict must be accept or reject, got ' .. verdict)

@@ -35,6 +35,10 @@ elseif resolution == 'stopped' then
 else
   return redis.error_reply('retry: resolution must be stopped or lost, got ' .. resolution)
 end
+-- (checked before any write: Redis does not undo a script's writes on an error)
+if redis.call('HEXISTS', KEYS[2], new_aid) == 1 then
+  return redis.error_reply('retry: attempt id ' .. new_aid .. ' already exists')
+end
 
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 a.state = resolution
@@ -47,9 +51,6 @@ if stops >= tonumber(ARGV[6]) then
   local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
   if episode_terminal(k, now, g, 'failed') then return {'failed', 'group_complete'} end
   return {'failed', ''}
-end
-if redis.call('HEXISTS', KEYS[2], new_aid) == 1 then
-  return redis.error_reply('retry: attempt id ' .. new_aid .. ' already exists')
 end
 put_json(KEYS[2], new_aid, {g = a.g, m = a.m, n = a.n + 1, stops = stops, state = 'queued',
   created_at = now})

@@ -1,5 +1,6 @@
 -- submit.lua: add prompts to the farm, all or none. A prompt id already known to the
--- farm (pending, admitted, or judged at any time) refuses the whole submission.
+-- farm (pending, admitted, or judged at any time), or given twice in the submission,
+-- refuses the whole submission.
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = prompts hash (id -> prompt JSON)
@@ -10,11 +11,14 @@
 -- Returns {'submitted', n} | {'duplicate', id, ...}
 
 local dups = {'duplicate'}
+local seen = {}
 for i = 2, #ARGV, 2 do
   local id = ARGV[i]
-  if redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[3], id) == 1 then
+  if seen[id] or redis.call('HEXISTS', KEYS[2], id) == 1
+      or redis.call('HEXISTS', KEYS[3], id) == 1 then
     dups[#dups + 1] = id
   end
+  seen[id] = true
 end
 if #dups > 1 then return dups end
 local n = 0

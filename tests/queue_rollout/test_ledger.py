@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import redis
 
 from queue_rollout.keys import EVENTS_GROUP
 from queue_rollout.ledger import Ledger
@@ -333,3 +334,34 @@ def test_farms_on_one_redis_do_not_share_capacity(make_ledger):
     b.submit(trivial_prompts(2))
     assert a.admit().status == "admitted" and b.admit().status == "admitted"
     assert a.admit().reason == "capacity"
+
+
+def test_an_id_given_twice_in_one_submission_refuses_it_whole(make_ledger):
+    ledger = make_ledger(group_size=1, max_concurrent_samples=1)
+    dup = ledger.submit([("a", b"{}"), ("b", b"{}"), ("a", b"{}")])
+    assert (dup.status, dup.detail) == ("duplicate", "a")
+    assert ledger.client.llen(ledger.keys.pending) == 0
+    assert ledger.counters().get("submitted", 0) == 0
+
+
+def test_script_errors_write_nothing(make_ledger, r):
+    ledger = make_ledger(group_size=1, max_concurrent_samples=4)
+    ledger.submit(trivial_prompts(2))
+    aid = ledger.admit().attempt_ids[0]
+    ledger.start(aid, "w", "r", "b", 30)
+    ledger.finish(aid, 0, b"x")
+    before = ledger.counters()
+    scripts = ledger._scripts
+    k = ledger.keys
+    with pytest.raises(redis.ResponseError, match="verdict"):
+        scripts.call("judge", [k.counters, k.groups, k.ready, k.events, k.prompts,
+                               k.attempts, k.results], [1, "p0", "maybe", "", "g", ""])
+    # an attempt id that already exists: admit refuses before popping the prompt
+    taken = ledger.client.hkeys(k.attempts)[0].decode()
+    with pytest.raises(redis.ResponseError, match="already exists"):
+        scripts.call("admit", [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox],
+                     [1, 1, 16, 4, 2, "sample", taken])
+    assert ledger.counters() == before
+    assert r.lrange(k.pending, 0, -1) == [b"p1"]
+    assert ledger.judge("p0", accept=True).status == "accepted"
+    assert ledger.counters()["in_flight"] == 0
