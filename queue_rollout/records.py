@@ -61,6 +61,7 @@ class AttemptRecord(msgspec.Struct, frozen=True):
     tokens: int | None = None
     doubt_at: float | None = None
     cause: str | None = None
+    resolution: str | None = None
     ended_at: float | None = None
 
 

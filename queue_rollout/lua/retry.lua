@@ -41,13 +41,17 @@ if redis.call('HEXISTS', KEYS[2], new_aid) == 1 then
 end
 
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
-a.state = resolution
+local stops = a.stops + 1
+local give_up = stops >= tonumber(ARGV[6])
+-- The last attempt of an episode that fails stays its current attempt, state failed;
+-- how it ended is kept in `resolution`.
+a.state = give_up and 'failed' or resolution
+a.resolution = resolution
 a.ended_at = now
 a.cause = ARGV[5]
 put_json(KEYS[2], aid, a)
 local g = get_json(KEYS[3], a.g)
-local stops = a.stops + 1
-if stops >= tonumber(ARGV[6]) then
+if give_up then
   local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
   if episode_terminal(k, now, g, 'failed') then return {'failed', 'group_complete'} end
   return {'failed', ''}

@@ -8,6 +8,7 @@ import re
 import pytest
 import redis
 
+from queue_rollout.doctor import examine
 from queue_rollout.keys import EVENTS_GROUP
 from queue_rollout.ledger import Ledger
 from queue_rollout.testing import trivial_prompts
@@ -219,6 +220,8 @@ def test_episode_fails_after_max_attempts_and_the_group_still_completes(make_led
     ledger.start(aid, "w", "r", "b", 30)
     final = ledger.retry(aid, cause="generate_error")
     assert (final.status, final.detail) == ("failed", "group_complete")
+    assert ledger.attempt(aid).state == "failed" and ledger.attempt(aid).resolution == "stopped"
+    assert examine(ledger.client, ledger.keys).ok
     c = ledger.counters()
     assert (c["failed"], c["finished"], c["reserved"]) == (1, 1, 0)
     assert ledger.group(g.group_id).failed == 1
