@@ -79,6 +79,22 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
     return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
 
 
+def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .workers.sim_engine import run_sim_engine
+
+    e = config.engine
+    run_sim_engine(
+        host=args.host, port=args.port, slots=args.slots or e.slots_per_replica,
+        step_ms=e.step_ms if args.step_ms is None else args.step_ms,
+        step_ms_per_request=(e.step_ms_per_request if args.step_ms_per_request is None
+                             else args.step_ms_per_request),
+        request_log=Path(args.request_log) if args.request_log else None,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-c", "--config", metavar="FARM.toml",
@@ -109,6 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
             "check the ledger's counters against its records; exit 1 on a violation")
     p.add_argument("--repair", action="store_true",
                    help="rewrite the counters from the records (pause admission first)")
+
+    p = add("sim-engine", _cmd_sim_engine,
+            "one simulated replica speaking SGLang's HTTP API (engine.* sets its timing)")
+    p.add_argument("--port", type=int, required=True, help="port to listen on (0: any free)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--slots", type=int, help="max running requests (engine.slots_per_replica)")
+    p.add_argument("--step-ms", type=float, help="decode step with one request (engine.step_ms)")
+    p.add_argument("--step-ms-per-request", type=float,
+                   help="added per running request (engine.step_ms_per_request)")
+    p.add_argument("--request-log", metavar="FILE", help="append one JSON line per request")
 
     p = add("bench", _cmd_bench, "benchmarks (DESIGN section 8)")
     p.add_argument("--profile", choices=["ledger"], default="ledger",
