@@ -97,6 +97,11 @@ class SamplingConfig(_Section, omit_defaults=True):
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
 
+    def params(self) -> dict[str, object]:
+        """The keys that are set, as SGLang's ``sampling_params``."""
+        return {name: getattr(self, name) for name in self.__struct_fields__
+                if getattr(self, name) is not None}
+
 
 class WorkflowConfig(_Section):
     name: str = "controlled_length"

@@ -108,6 +108,8 @@ class SimEngineServer:
     async def close(self) -> None:
         if self._ticker:
             self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
         if self._server:
             self._server.close()
             with contextlib.suppress(Exception):
@@ -359,3 +361,32 @@ def run_sim_engine(*, host: str, port: int, slots: int, step_ms: float,
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+class ThreadedSimEngine:
+    """A simulated replica on its own event-loop thread, for tests and in-process farms."""
+
+    def __init__(self, *, slots: int, step_ms: float, step_ms_per_request: float = 0.0,
+                 host: str = "127.0.0.1", port: int = 0, request_log: Path | None = None) -> None:
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.server = SimEngineServer(
+            SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request),
+            host=host, port=port, request_log=request_log)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="sim-engine")
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(10)
+        self.url = f"http://{host}:{self.server.port}"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def __enter__(self) -> ThreadedSimEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

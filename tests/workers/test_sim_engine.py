@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -13,28 +12,13 @@ import pytest
 from queue_rollout.workers.sglang_client import (
     DuplicateRid, EngineError, GenerateUncertain, SGLangClient,
 )
-from queue_rollout.workers.sim_engine import SimEngineServer
-from queue_rollout.workers.sim_model import SimModel
+from queue_rollout.workers.sim_engine import ThreadedSimEngine
 
 
-class Replica:
-    """A SimEngineServer on its own event loop thread."""
-
+class Replica(ThreadedSimEngine):
     def __init__(self, step_ms: float, slots: int = 8, request_log=None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.server = SimEngineServer(
-            SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=0.0),
-            request_log=request_log)
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(5)
-        self.url = f"http://127.0.0.1:{self.server.port}"
+        super().__init__(slots=slots, step_ms=step_ms, request_log=request_log)
         self.client = SGLangClient(self.url, timeout=5)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.close(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture

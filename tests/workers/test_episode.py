@@ -1,0 +1,193 @@
+"""AttemptRunner: one attempt end to end against a simulated replica and the ledger."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import msgspec
+import pytest
+
+from queue_rollout.config import Config
+from queue_rollout.ledger import Ledger
+from queue_rollout.results import decode_result
+from queue_rollout.workers.episode import AttemptRunner
+from queue_rollout.workers.sglang_client import SGLangClient
+from queue_rollout.workers.sim_engine import ThreadedSimEngine
+from queue_rollout.workers.workflows import episode_seed, extract_answer, load_workflow
+
+
+def make_config(**sections) -> Config:
+    base = {"farm": {"name": "t"},
+            "rollout": {"group_size": 2, "batch_size": 1, "max_concurrent_samples": 8}}
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return msgspec.convert(base, Config)
+
+
+def setup(r, config: Config, prompts: list[dict]) -> tuple[Ledger, list]:
+    ledger = Ledger(r, config.farm.name, config.rollout)
+    ledger.submit((p["id"], json.dumps(p).encode()) for p in prompts)
+    return ledger, [ledger.admit() for _ in prompts]
+
+
+def runner_for(ledger: Ledger, config: Config, url: str, **kw) -> AttemptRunner:
+    return AttemptRunner(ledger=ledger, config=config, client=SGLangClient(url, timeout=5),
+                         worker_id="w0", boot_id="boot0", workflow=load_workflow(config), **kw)
+
+
+@pytest.fixture
+def fast():
+    with ThreadedSimEngine(slots=8, step_ms=0.05) as engine:
+        yield engine
+
+
+@pytest.fixture
+def slow():
+    with ThreadedSimEngine(slots=8, step_ms=10.0) as engine:  # 100 tokens/s
+        yield engine
+
+
+def test_controlled_length_episodes_produce_exactly_their_lengths(r, fast):
+    config = make_config()
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [7, 300]}])
+    runner = runner_for(ledger, config, fast.url)
+    assert [runner.run(aid) for aid in adm.attempt_ids] == ["finished", "finished"]
+    results = [decode_result(ledger.result("p", m), 1 << 20) for m in range(2)]
+    assert [len(x.output_ids) for x in results] == [7, 300]
+    assert results[1].versions() == [0] * 300 and results[1].reward is None
+    assert ledger.counters()["output_tokens"] == 307
+    assert ledger.group("p").state == "complete"
+    assert runner.run(adm.attempt_ids[0]) == "ignored"  # an RQ job run twice
+
+
+def test_a_retry_samples_with_the_same_seed(r, fast):
+    config = make_config()
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5, 5]}])
+    runner = runner_for(ledger, config, fast.url)
+    ledger.start(adm.attempt_ids[0], "w0", fast.url, "boot0", 30)
+    new = ledger.retry(adm.attempt_ids[0], cause="worker_lost").detail
+    runner.run(new)
+    runner.run(adm.attempt_ids[1])
+    a, b = (decode_result(ledger.result("p", m), 1 << 20) for m in range(2))
+    assert a.output_ids != b.output_ids  # members differ
+    direct = SGLangClient(fast.url).generate(
+        "direct", text="x", timeout=5, sampling_params={
+            "max_new_tokens": 5, "ignore_eos": True, "sampling_seed": episode_seed(0, "p", 0)})
+    assert a.output_ids == direct.output_ids  # the seed is (run seed, prompt, member)
+
+
+def test_math_reward_follows_the_answer(r, fast):
+    config = make_config(workflow={"name": "math", "sampling": {"max_new_tokens": 20}})
+    ledger, [yes, no] = setup(r, config, [
+        {"id": "right", "prompt": "6*7?", "answer": "42", "p_correct": 1.0},
+        {"id": "wrong", "prompt": "6*7?", "answer": "42", "p_correct": 0.0},
+    ])
+    runner = runner_for(ledger, config, fast.url)
+    for adm in (yes, no):
+        for aid in adm.attempt_ids:
+            assert runner.run(aid) == "finished"
+    rewards = {gid: [decode_result(ledger.result(gid, m), 1 << 20).reward for m in range(2)]
+               for gid in ("right", "wrong")}
+    assert rewards == {"right": [1.0, 1.0], "wrong": [0.0, 0.0]}
+
+
+def test_extract_answer():
+    assert extract_answer(r"so \boxed{\frac{1}{2}} and then \boxed{7}") == "7"
+    assert extract_answer(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert extract_answer("the total is 12, or 13.5") == "13.5"
+    assert extract_answer("no digits") is None
+
+
+def test_a_wrong_length_fails_the_episode_with_the_reason(r, fast):
+    config = make_config()
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [3]}])
+    runner = runner_for(ledger, config, fast.url)
+    assert runner.run(adm.attempt_ids[1]) == "failed"  # member 1 has no length
+    result = decode_result(ledger.result("p", 1), 1 << 20)
+    assert "no member_lengths[1]" in result.error
+    assert ledger.counters()["failed"] == 1
+
+
+def test_an_oversized_result_fails_the_episode(r, fast):
+    config = make_config(limits={"max_result_bytes": 200})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [500, 1]}])
+    runner = runner_for(ledger, config, fast.url)
+    assert runner.run(adm.attempt_ids[0]) == "failed"
+    result = decode_result(ledger.result("p", 0), 1 << 20)
+    assert "exceeds limits.max_result_bytes = 200" in result.error
+
+
+def test_a_generate_timeout_makes_the_attempt_doubtful_then_confirmed_and_retried(r, slow):
+    config = make_config(timeouts={"request": 1})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])
+    runner = runner_for(ledger, config, slow.url)
+    assert runner.run(adm.attempt_ids[0]) == "retried"
+    c = ledger.counters()
+    assert c["doubts:generate_error"] == 1 and c["retries:generate_error"] == 1
+    assert c["reserved"] == 2  # the slot moved to the new attempt
+    assert ledger.attempt(adm.attempt_ids[0]).state == "stopped"
+
+
+def test_an_unreachable_replica_hands_the_attempt_back(r):
+    config = make_config()
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5, 5]}])
+    runner = runner_for(ledger, config, "http://127.0.0.1:1")
+    assert runner.run(adm.attempt_ids[0]) == "retried"
+    assert ledger.counters()["retries:generate_error"] == 1
+
+
+def test_shutdown_aborts_after_the_grace_and_hands_back(r, slow):
+    config = make_config(timeouts={"shutdown_grace": 1, "lease": 1})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])
+    runner = runner_for(ledger, config, slow.url)
+    runner.request_stop()
+    started = time.monotonic()
+    assert runner.run(adm.attempt_ids[0]) == "retried"
+    assert time.monotonic() - started < 10
+    assert ledger.counters()["retries:worker_lost"] == 1
+
+
+def test_a_superseded_attempt_is_aborted_and_reports_nothing(r, slow, clock):
+    config = make_config(timeouts={"lease": 1})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])
+    runner = runner_for(ledger, config, slow.url)
+    aid = adm.attempt_ids[0]
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
+    t.start()
+    deadline = time.monotonic() + 5
+    while ledger.attempt(aid).state != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # the reconciler declared it lost (after the doubt timeout) while it still ran
+    ledger.mark_doubtful(aid, "lease_expired")
+    assert ledger.retry(aid, cause="doubt_timeout", resolution="lost").status == "retried"
+    t.join(10)
+    assert out["v"] == "superseded"
+    assert slow.server.model.log[-1]["finish"] == "abort"
+    assert ledger.result("p", 0) is None
+
+
+def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow):
+    config = make_config(engine={"pause_mode": "abort"})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [300, 1]}])
+    runner = runner_for(ledger, config, slow.url)
+    aid = adm.attempt_ids[0]
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
+    t.start()
+    time.sleep(0.5)  # ~50 tokens under version 0
+    client = SGLangClient(slow.url)
+    ledger.set_paused(True)
+    client.pause("abort")
+    ledger.set_version(1)
+    client.resume()
+    ledger.set_paused(False)
+    t.join(15)
+    assert out["v"] == "finished"
+    result = decode_result(ledger.result("p", 0), 1 << 20)
+    assert len(result.output_ids) == 300
+    versions = [v for v, _ in result.version_runs]
+    assert versions == [0, 1] and 0 < result.version_runs[0][1] < 300

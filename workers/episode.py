@@ -1,0 +1,289 @@
+"""One episode attempt, end to end, on the worker's replica.
+
+:class:`AttemptRunner` claims the attempt in the ledger (``start``), keeps its lease
+alive from a heartbeat thread while the workflow runs, and reports the result
+(``finish``) until the ledger answers. What a failure means:
+
+- ``/generate`` timed out or lost its connection: the attempt becomes doubtful, then
+  the runner asks the replica (abort, then probe the rid); confirmed stopped, it is
+  retried with the same seed; replica unreachable, it stays doubtful for the resolver.
+- the replica refused the request outright: nothing runs, the attempt is retried.
+- the workflow rejected its output, or raised: the episode fails with that reason.
+- the ledger says the attempt was superseded (lost after a doubt timeout): the
+  generation is aborted and nothing is reported.
+- shutdown: running episodes may finish within ``timeouts.shutdown_grace``; after it
+  the generation is aborted, the stop confirmed, and the attempt handed back.
+
+With ``engine.pause_mode = "abort"`` a generation aborted by a pause is resumed after
+the pause from prompt + tokens so far with the remaining budget (partial rollout);
+every output token keeps the policy version that produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from queue_rollout.config import Config
+from queue_rollout.errors import RedisUnavailable
+from queue_rollout.ledger import Answer, Ledger
+from queue_rollout.results import EpisodeResult, encode_result
+
+from .sglang_client import DuplicateRid, EngineError, GenerateUncertain, Generation, SGLangClient
+from .workflows import EpisodeContext, EpisodeFailed, Workflow, episode_seed
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: The runner of the worker process executing the current RQ job (see run_attempt).
+CURRENT_RUNNER: ContextVar[AttemptRunner] = ContextVar("queue_rollout_runner")
+
+
+class AttemptStopped(Exception):
+    """The attempt was stopped on purpose (shutdown, or superseded in the ledger)."""
+
+
+@dataclass
+class _Live:
+    """What the heartbeat thread and the episode share for one attempt."""
+
+    aid: str
+    rid: str = ""
+    tokens: int = 0
+    superseded: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class AttemptRunner:
+    def __init__(self, *, ledger: Ledger, config: Config, client: SGLangClient,
+                 worker_id: str, boot_id: str, workflow: Workflow,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.ledger = ledger
+        self.config = config
+        self.client = client
+        self.worker_id = worker_id
+        self.boot_id = boot_id
+        self.workflow = workflow
+        self.sleep = sleep
+        self.stop_deadline: float | None = None  # set on shutdown: grace ends here
+
+    # -- public ----------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Shutdown: running episodes may finish within the grace period."""
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.config.timeouts.shutdown_grace
+
+    def run(self, aid: str) -> str:
+        """Run attempt *aid*; returns what happened (a word, also logged)."""
+        start = self.ledger.start(aid, self.worker_id, self.client.url, self.boot_id,
+                                  self.config.timeouts.lease)
+        if start.status != "started":
+            log.info("attempt %s: ignored (%s)", aid, start.reason)
+            return "ignored"
+        live = _Live(aid, rid=aid)
+        beat = threading.Thread(target=self._heartbeat, args=(live,), daemon=True,
+                                name=f"lease-{aid[:8]}")
+        beat.start()
+        try:
+            return self._episode(live, start.group_id, start.member)
+        finally:
+            live.done.set()
+            beat.join()
+
+    # -- the episode -----------------------------------------------------------------
+
+    def _episode(self, live: _Live, group_id: str, member: int) -> str:
+        aid = live.aid
+        raw = self.ledger.prompt(group_id)
+        prompt: dict[str, Any] = json.loads(raw) if raw else {"id": group_id}
+        ctx = EpisodeContext(
+            prompt=prompt, member=member,
+            seed=episode_seed(self.config.workflow.seed, group_id, member),
+            sampling=self.config.workflow.sampling.params(),
+            engine_kind=self.config.engine.kind,
+            generate_call=lambda turn, ids, text, params: self._generate(live, turn, ids, text, params),
+        )
+        try:
+            reward = self.workflow.run(ctx)
+        except GenerateUncertain as exc:
+            return self._doubt(live, "generate_error", str(exc))
+        except DuplicateRid as exc:  # our own earlier request still runs
+            return self._doubt(live, "generate_error", str(exc))
+        except AttemptStopped:
+            if live.superseded.is_set():
+                log.warning("attempt %s: superseded in the ledger, generation aborted", aid)
+                return "superseded"
+            return self._hand_back(live, "worker_lost")
+        except EngineError as exc:
+            log.warning("attempt %s: replica refused: %s", aid, exc)
+            return self._retry(aid, "generate_error")
+        except EpisodeFailed as exc:
+            return self._report(aid, ctx, None, outcome="failed", error=str(exc))
+        except Exception as exc:  # a workflow plugin's bug fails the episode, not the worker
+            log.exception("attempt %s: workflow raised", aid)
+            return self._report(aid, ctx, None, outcome="failed",
+                                error=f"workflow raised {type(exc).__name__}: {exc}")
+        return self._report(aid, ctx, reward, outcome="finished")
+
+    def _generate(self, live: _Live, turn: int, input_ids: list[int] | None,
+                  text: str | None, params: dict[str, Any]) -> tuple[Generation, list[tuple[int, int]]]:
+        """One workflow call, resumed across pause-aborts (partial rollout)."""
+        base = live.aid if turn == 0 else f"{live.aid}-t{turn}"
+        ids: list[int] = []
+        logprobs: list[float] = []
+        texts: list[str] = []
+        runs: list[tuple[int, int]] = []
+        budget = int(params.get("max_new_tokens", 128))
+        piece = 0
+        while True:
+            if self._stopping(live):
+                raise AttemptStopped
+            live.rid = base if piece == 0 else f"{base}-r{piece}"
+            version = self.ledger.version()
+            call_params = {**params, "max_new_tokens": budget - len(ids)}
+            if input_ids is not None:
+                gen = self.client.generate(live.rid, input_ids=input_ids + ids,
+                                           sampling_params=call_params,
+                                           timeout=self.config.timeouts.request)
+            else:
+                gen = self.client.generate(live.rid, text=(text or "") + "".join(texts),
+                                           sampling_params=call_params,
+                                           timeout=self.config.timeouts.request)
+            ids += gen.output_ids
+            logprobs += gen.logprobs
+            texts.append(gen.text)
+            live.tokens += len(gen.output_ids)
+            if gen.output_ids:
+                runs.append((version, len(gen.output_ids)))
+            if not gen.aborted:
+                break
+            if self._stopping(live):
+                raise AttemptStopped
+            # aborted by a pause in "abort" mode: resume after it under the new version
+            log.info("attempt %s: aborted by a pause after %d tokens; resuming", live.aid, len(ids))
+            self._wait_unpaused(live)
+            piece += 1
+        merged = Generation(rid=base, text="".join(texts), output_ids=ids, logprobs=logprobs,
+                            finish_reason=gen.finish_reason, completion_tokens=len(ids),
+                            prompt_tokens=gen.prompt_tokens, weight_version=gen.weight_version,
+                            meta_info=gen.meta_info)
+        return merged, runs
+
+    def _wait_unpaused(self, live: _Live) -> None:
+        while self.ledger.paused():
+            if self._stopping(live):
+                raise AttemptStopped
+            self.sleep(0.2)
+
+    def _stopping(self, live: _Live) -> bool:
+        if live.superseded.is_set():
+            return True
+        return self.stop_deadline is not None and time.monotonic() >= self.stop_deadline
+
+    # -- the lease -------------------------------------------------------------------
+
+    def _heartbeat(self, live: _Live) -> None:
+        lease = self.config.timeouts.lease
+        seq = 0
+        while not live.done.wait(lease / 3):
+            seq += 1
+            try:
+                answer = self.ledger.progress(live.aid, self.worker_id, seq, lease, live.tokens)
+            except RedisUnavailable as exc:
+                log.warning("attempt %s: heartbeat failed: %s", live.aid, exc)
+                continue
+            if answer.ignored and answer.detail != "duplicate progress":
+                log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid, answer.detail)
+                live.superseded.set()
+                self._abort_quietly(live)
+                return
+            if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
+                self._abort_quietly(live)
+
+    def _abort_quietly(self, live: _Live) -> None:
+        try:
+            self.client.abort(live.aid)  # SGLang matches by prefix: every turn and piece
+        except EngineError as exc:
+            log.warning("attempt %s: abort failed: %s", live.aid, exc)
+
+    # -- reporting to the ledger ------------------------------------------------------
+
+    def _until_answered(self, what: str, call: Callable[[], T]) -> T:
+        """Call the ledger until it answers (I8): a result is kept while Redis is away."""
+        delay = 0.5
+        while True:
+            try:
+                return call()
+            except RedisUnavailable as exc:
+                log.warning("%s: Redis unavailable, retrying in %.1fs: %s", what, delay, exc)
+                self.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _report(self, aid: str, ctx: EpisodeContext, reward: float | None, *,
+                outcome: str, error: str = "") -> str:
+        member = ctx.member
+        result = EpisodeResult(
+            member=member, output_ids=ctx.output_ids, logprobs=ctx.logprobs,
+            version_runs=ctx.version_runs, finish_reason=ctx.finish_reason or outcome,
+            reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error)
+        blob = encode_result(result)
+        cap = self.config.limits.max_result_bytes
+        if len(blob) > cap:
+            error = f"result of {len(blob)} bytes exceeds limits.max_result_bytes = {cap}"
+            outcome = "failed"
+            blob = encode_result(EpisodeResult(member=member, output_ids=[], logprobs=[],
+                                               version_runs=[], finish_reason="oversized",
+                                               turns=ctx.turns, error=error))
+        answer: Answer = self._until_answered(
+            f"finish {aid}", lambda: self.ledger.finish(
+                aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome))
+        if answer.ignored:
+            log.info("attempt %s: result ignored (%s)", aid, answer.detail)
+            return "ignored"
+        if outcome == "failed":
+            log.warning("attempt %s: episode failed: %s", aid, error)
+        return outcome
+
+    def _doubt(self, live: _Live, cause: str, why: str) -> str:
+        aid = live.aid
+        log.warning("attempt %s: doubtful (%s): %s", aid, cause, why)
+        self._until_answered(f"doubt {aid}", lambda: self.ledger.mark_doubtful(aid, cause))
+        try:
+            stopped = self.client.confirm_stopped(live.rid)
+        except EngineError as exc:
+            log.warning("attempt %s: replica cannot confirm the stop now: %s", aid, exc)
+            return "doubtful"
+        if not stopped:
+            log.warning("attempt %s: still in flight on the replica after abort", aid)
+            return "doubtful"
+        return self._retry(aid, cause)
+
+    def _hand_back(self, live: _Live, cause: str) -> str:
+        try:
+            stopped = self.client.confirm_stopped(live.rid)
+        except EngineError as exc:
+            log.warning("attempt %s: stop not confirmed: %s", live.aid, exc)
+            stopped = False
+        if not stopped:
+            self._until_answered(f"doubt {live.aid}",
+                                 lambda: self.ledger.mark_doubtful(live.aid, cause))
+            return "doubtful"
+        return self._retry(live.aid, cause)
+
+    def _retry(self, aid: str, cause: str) -> str:
+        answer = self._until_answered(
+            f"retry {aid}", lambda: self.ledger.retry(aid, cause=cause, resolution="stopped"))
+        log.info("attempt %s: stopped (%s): %s %s", aid, cause, answer.status, answer.detail)
+        return answer.status
+
+
+def run_attempt(aid: str) -> str:
+    """The RQ job: run attempt *aid* with the runner of the worker executing it."""
+    return CURRENT_RUNNER.get().run(aid)

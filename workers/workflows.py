@@ -1,0 +1,165 @@
+"""Episode workflows: what one episode does with its replica.
+
+A workflow gets an :class:`EpisodeContext` and calls ``ctx.generate(...)`` one or more
+times (a multi-turn workflow may run tool steps between calls); the context adds the
+rid, the episode's seed and the pause handling, and records every output token with
+its policy version. The workflow returns the reward (or None).
+
+Built in: ``controlled_length`` (member m produces exactly ``member_lengths[m]`` tokens,
+``ignore_eos``; the count is checked) and ``math`` (reward 1 when the final answer,
+from the last ``\\boxed{}`` or else the last number, equals the prompt's ``answer``).
+Any other name is a plugin, ``package.module:factory``; ``factory(config)`` returns an
+object with ``run(ctx) -> float | None``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from queue_rollout.config import Config
+from queue_rollout.errors import ConfigError
+from queue_rollout.results import add_tokens
+
+from .sglang_client import Generation
+
+
+def episode_seed(run_seed: int, prompt_id: str, member: int) -> int:
+    """The sampling seed of one episode (I7): (run seed, prompt id, member) only, so a
+    retry samples the same way on a deterministic engine. 63 bits (SGLang: int64)."""
+    digest = hashlib.blake2b(f"{run_seed}\x00{prompt_id}\x00{member}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class EpisodeFailed(Exception):
+    """The episode cannot produce a valid result (its output broke the workflow's rule)."""
+
+
+@dataclass
+class EpisodeContext:
+    prompt: dict[str, Any]
+    member: int
+    seed: int
+    sampling: dict[str, Any]
+    engine_kind: str
+    generate_call: Callable[..., Generation] = field(repr=False)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version_runs: list[tuple[int, int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    finish_reason: str = ""
+    turns: int = 0
+
+    def generate(self, *, input_ids: list[int] | None = None, text: str | None = None,
+                 **sampling_overrides: Any) -> Generation:
+        """One model call: the episode's seed (turn-specific after the first), the
+        workflow's sampling params; output recorded with its versions."""
+        params = {**self.sampling, **sampling_overrides,
+                  "sampling_seed": self.seed if self.turns == 0 else
+                  episode_seed(self.seed, "turn", self.turns)}
+        gen, version_runs = self.generate_call(self.turns, input_ids, text, params)
+        self.turns += 1
+        self.output_ids += gen.output_ids
+        self.logprobs += gen.logprobs
+        for version, count in version_runs:
+            add_tokens(self.version_runs, version, count)
+        self.texts.append(gen.text)
+        self.finish_reason = str(gen.finish_reason.get("type", ""))
+        return gen
+
+
+class Workflow(Protocol):
+    def run(self, ctx: EpisodeContext) -> float | None: ...
+
+
+def prompt_input(prompt: dict[str, Any]) -> dict[str, Any]:
+    if "input_ids" in prompt:
+        return {"input_ids": prompt["input_ids"]}
+    return {"text": prompt["prompt"]}
+
+
+class ControlledLength:
+    """Member m produces exactly ``member_lengths[m]`` tokens (``ignore_eos``)."""
+
+    def run(self, ctx: EpisodeContext) -> float | None:
+        lengths = ctx.prompt.get("member_lengths")
+        if not isinstance(lengths, list) or ctx.member >= len(lengths):
+            raise EpisodeFailed(f"prompt {ctx.prompt.get('id')!r} has no member_lengths[{ctx.member}]")
+        want = int(lengths[ctx.member])
+        gen = ctx.generate(**prompt_input(ctx.prompt), max_new_tokens=want, ignore_eos=True)
+        if gen.completion_tokens != want or len(ctx.output_ids) != want:
+            raise EpisodeFailed(f"produced {len(ctx.output_ids)} tokens, expected {want}")
+        return None
+
+
+_BOXED = re.compile(r"\\boxed\{")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces allowed), else the last
+    number in the text, else None."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    if starts:
+        i, depth = starts[-1], 1
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i:j].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def answers_match(got: str | None, want: object) -> bool:
+    if got is None:
+        return False
+    want_s = str(want).strip()
+    if got == want_s:
+        return True
+    try:
+        return float(got) == float(want_s)
+    except ValueError:
+        return False
+
+
+class Math:
+    """Reward 1.0 when the final answer equals the prompt's ``answer``, else 0.0."""
+
+    def run(self, ctx: EpisodeContext) -> float | None:
+        extra: dict[str, Any] = {}
+        if ctx.engine_kind == "sim":  # the simulated replica decides correctness by seed
+            extra["custom_params"] = {"sim_answer": str(ctx.prompt.get("answer", "")),
+                                      "sim_p_correct": float(ctx.prompt.get("p_correct", 0.5))}
+        ctx.generate(**prompt_input(ctx.prompt), **extra)
+        return 1.0 if answers_match(extract_answer("".join(ctx.texts)),
+                                    ctx.prompt.get("answer")) else 0.0
+
+
+BUILT_IN: dict[str, Callable[[Config], Workflow]] = {
+    "controlled_length": lambda config: ControlledLength(),
+    "math": lambda config: Math(),
+}
+
+
+def load_workflow(config: Config) -> Workflow:
+    """The workflow ``workflow.name`` names: a built-in, or ``package.module:factory``."""
+    name = config.workflow.name
+    if name in BUILT_IN:
+        return BUILT_IN[name](config)
+    module_name, _, attr = name.partition(":")
+    if not attr:
+        raise ConfigError(f"workflow.name: {name!r} is neither a built-in "
+                          f"({', '.join(BUILT_IN)}) nor package.module:factory")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"workflow.name: cannot load {name!r}: {exc}") from None
+    workflow = factory(config)
+    if not callable(getattr(workflow, "run", None)):
+        raise ConfigError(f"workflow.name: {name!r} returned an object without run(ctx)")
+    return workflow
