@@ -79,6 +79,13 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
     return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
 
 
+def _cmd_worker(config: Config, args: argparse.Namespace) -> int:
+    from .workers.supervisor import Supervisor
+
+    return Supervisor(config, gpu=args.gpu, engine_url=args.engine_url,
+                      boot_id=args.boot_id or "").run()
+
+
 def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -125,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
             "check the ledger's counters against its records; exit 1 on a violation")
     p.add_argument("--repair", action="store_true",
                    help="rewrite the counters from the records (pause admission first)")
+
+    p = add("worker", _cmd_worker,
+            "one GPU's worker: engine.slots_per_replica episode processes on its replica")
+    p.add_argument("--gpu", type=int, required=True, help="GPU index (names the worker)")
+    p.add_argument("--engine-url", required=True, help="the replica, e.g. http://127.0.0.1:30000")
+    p.add_argument("--boot-id", help="the replica start's boot id (SGLang has none of its own)")
 
     p = add("sim-engine", _cmd_sim_engine,
             "one simulated replica speaking SGLang's HTTP API (engine.* sets its timing)")

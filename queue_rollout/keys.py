@@ -95,6 +95,16 @@ class Keys:
         return self._k("batches")
 
     @property
+    def workers(self) -> str:
+        """Hash worker id -> worker record JSON (host, gpu, replica, boot id, slots)."""
+        return self._k("workers")
+
+    @property
+    def workers_seen(self) -> str:
+        """Sorted set worker id -> last time its supervisor reported alive."""
+        return self._k("workers_seen")
+
+    @property
     def rq_queue(self) -> str:
         """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
         return f"qr-{self.farm}-episodes"
@@ -103,7 +113,8 @@ class Keys:
         return [
             self.counters, self.state, self.pending, self.prompts, self.groups,
             self.attempts, self.results, self.outbox, self.leases,
-            self.doubt, self.events, self.ready, self.batches,
+            self.doubt, self.events, self.ready, self.batches, self.workers,
+            self.workers_seen,
         ]
 
 

@@ -1,0 +1,105 @@
+"""`queue-rollout worker`: real processes on a real Redis and a simulated replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
+
+from queue_rollout.config import load_config
+from queue_rollout.dispatch import flush_outbox
+from queue_rollout.ledger import Ledger
+from queue_rollout.workers.resolver import resolve_doubt
+from queue_rollout.workers.sglang_client import SGLangClient
+from queue_rollout.workers.sim_engine import ThreadedSimEngine
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def engine():
+    with ThreadedSimEngine(slots=4, step_ms=0.5) as e:  # 2,000 tokens/s
+        yield e
+
+
+@pytest.fixture
+def farm_toml(tmp_path, redis_url) -> Path:
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "w"\nredis_url = "{redis_url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 10\n"
+                    "[engine]\nslots_per_replica = 2\n[timeouts]\nshutdown_grace = 2\nlease = 3\n")
+    return path
+
+
+def start_worker(farm_toml: Path, url: str) -> subprocess.Popen:
+    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+    return subprocess.Popen([exe, "worker", "--gpu", "0", "--engine-url", url,
+                             "-c", str(farm_toml)], stdout=subprocess.PIPE, text=True)
+
+
+def rq_workers(r) -> list[Worker]:
+    return Worker.all(connection=r, serializer=JSONSerializer)
+
+
+def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, engine, farm_toml):
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    proc = start_worker(farm_toml, engine.url)
+    try:
+        assert "2 episode processes" in proc.stdout.readline()
+        wait_for(lambda: len(rq_workers(r)) == 2, what="2 RQ workers")
+        record = json.loads(next(iter(r.hgetall(ledger.keys.workers).values())))
+        assert record["slots"] == 2 and record["replica"] == engine.url
+
+        ledger.submit((f"p{i}", json.dumps({"id": f"p{i}", "prompt": "x",
+                                            "member_lengths": [50, 200]}).encode())
+                      for i in range(4))
+        for _ in range(4):
+            assert ledger.admit().status == "admitted"
+        assert flush_outbox(r, ledger.keys) == 8
+        wait_for(lambda: ledger.counters().get("finished", 0) == 8, what="8 finished episodes")
+        assert ledger.counters()["output_tokens"] == 4 * 250
+
+        before = {w.pid for w in rq_workers(r)}
+        os.kill(next(iter(before)), signal.SIGKILL)
+        # (the killed process's RQ registration lingers until its TTL, as RQ does)
+        wait_for(lambda: {w.pid for w in rq_workers(r)} - before, what="a restarted process")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert r.hlen(ledger.keys.workers) == 0
+
+
+def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine, farm_toml):
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    ledger.submit([("p", b'{"id": "p", "prompt": "x", "member_lengths": [5, 5]}')])
+    a, b = ledger.admit().attempt_ids
+    client = SGLangClient(engine.url)
+    ledger.start(a, "w", engine.url, "old-boot", 30)
+    ledger.start(b, "w", engine.url, "boot-now", 30)
+    ledger.mark_doubtful(a, "lease_expired")
+    ledger.mark_doubtful(b, "lease_expired")
+    assert resolve_doubt(ledger, client, "boot-now", min_age=3600) == {}  # too recent
+    outcome = resolve_doubt(ledger, client, "boot-now", min_age=0)
+    assert outcome == {a: "replica restarted: retried", b: "confirmed stopped: retried"}
+    c = ledger.counters()
+    assert c["retries:replica_restart"] == 1 and c["retries:lease_expired"] == 1
+    assert c["doubtful"] == 0 and c["reserved"] == 2

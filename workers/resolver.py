@@ -1,0 +1,49 @@
+"""Resolving doubt on the replica's own node (DESIGN section 5).
+
+The collector's reconciler only *marks* doubt; the replica usually listens on its
+node's loopback, so the worker bound to it settles its doubtful attempts: a changed
+boot id proves the attempt's request died with the old process (``replica_restart``);
+otherwise the rid is aborted and then probed with ``max_new_tokens = 0``, and a probe
+that is not refused as a duplicate proves the request is gone. Either way the attempt
+is retried with the same seed. An attempt doubtful for less than ``min_age`` seconds
+is left alone, so a worker that is alive can still report it (``progress`` revives it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from queue_rollout.ledger import Ledger
+
+from .sglang_client import EngineError, SGLangClient
+
+log = logging.getLogger(__name__)
+
+
+def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *,
+                  min_age: float) -> dict[str, str]:
+    """Settle this replica's doubtful attempts; returns attempt id -> what happened."""
+    now = ledger.clock()
+    outcome: dict[str, str] = {}
+    for raw, since in ledger.client.zrange(ledger.keys.doubt, 0, -1, withscores=True):
+        aid = raw.decode()
+        attempt = ledger.attempt(aid)
+        if attempt is None or attempt.replica != client.url or now - since < min_age:
+            continue
+        if attempt.boot != boot_id:
+            answer = ledger.retry(aid, cause="replica_restart")
+            outcome[aid] = f"replica restarted: {answer.status}"
+        else:
+            try:
+                stopped = client.confirm_stopped(aid)
+            except EngineError as exc:
+                log.warning("doubt %s: replica unreachable: %s", aid, exc)
+                outcome[aid] = "unreachable"
+                continue
+            if not stopped:
+                outcome[aid] = "still in flight"
+                continue
+            answer = ledger.retry(aid, cause=attempt.cause or "lease_expired")
+            outcome[aid] = f"confirmed stopped: {answer.status}"
+        log.warning("doubt %s: %s", aid, outcome[aid])
+    return outcome

@@ -1,0 +1,160 @@
+"""``queue-rollout worker --gpu N --engine-url URL``: one GPU's episode processes.
+
+The supervisor checks its replica, registers the worker in the farm (its slots count
+toward ``max_concurrent_samples = "auto"``), keeps ``engine.slots_per_replica``
+:class:`~.rq_worker.EpisodeWorker` processes running (a dead one is restarted with
+backoff), settles its replica's doubtful attempts at start and periodically, and on
+SIGTERM passes the signal on, waits for the episodes' grace period, and deregisters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from queue_rollout.config import Config
+from queue_rollout.errors import ConfigError, RedisUnavailable
+from queue_rollout.keys import Keys
+from queue_rollout.ledger import Ledger
+from queue_rollout.redis_conn import connect_config
+
+from .resolver import resolve_doubt
+from .rq_worker import WorkerSpec, spec_env
+from .sglang_client import EngineError, SGLangClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Child:
+    index: int
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+
+@dataclass
+class Supervisor:
+    config: Config
+    gpu: int
+    engine_url: str
+    boot_id: str = ""
+    poll_s: float = 1.0
+    resolve_every_s: float = 10.0
+    children: list[_Child] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.config.farm.name)
+        self.client = SGLangClient(self.engine_url, timeout=10)
+        self.worker_id = f"{socket.gethostname()}-gpu{self.gpu}"
+        self._stop = False
+
+    # -- start -----------------------------------------------------------------------
+
+    def wait_for_replica(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.client.healthy():
+            if time.monotonic() > deadline:
+                raise EngineError(f"replica {self.engine_url} not healthy after {timeout:g}s")
+            time.sleep(1.0)
+        if not self.boot_id:
+            self.boot_id = str(self.client.server_info().get("boot_id") or "")
+        if not self.boot_id:
+            raise ConfigError("the replica reports no boot id (SGLang has none): pass "
+                              "--boot-id, as `queue-rollout node` does for each replica start")
+
+    def register(self, redis) -> None:
+        record = {"host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
+                  "boot": self.boot_id, "slots": self.config.engine.slots_per_replica,
+                  "pid": os.getpid(), "started_at": time.time()}
+        redis.hset(self.keys.workers, self.worker_id, json.dumps(record))
+        redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
+
+    # -- children --------------------------------------------------------------------
+
+    def _spawn(self, child: _Child) -> None:
+        spec = WorkerSpec(config=self.config, worker_id=self.worker_id,
+                          engine_url=self.engine_url, boot_id=self.boot_id, index=child.index)
+        child.proc = subprocess.Popen(
+            # -P: never import from the working directory (a source tree there would shadow)
+            [sys.executable, "-P", "-m", "queue_rollout.workers.rq_worker"], env=spec_env(spec))
+        log.info("worker %s: episode process %d started (pid %d)", self.worker_id,
+                 child.index, child.proc.pid)
+
+    def _keep_children(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                continue
+            if child.proc is not None:
+                log.warning("worker %s: episode process %d exited (%s); restarting",
+                            self.worker_id, child.index, child.proc.returncode)
+                child.restarts += 1
+                child.next_start = now + min(30.0, 0.5 * 2 ** min(child.restarts, 6))
+                child.proc = None
+            if now >= child.next_start:
+                self._spawn(child)
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run(self) -> int:
+        redis = connect_config(self.config)
+        ledger = Ledger.from_config(redis, self.config)
+        self.wait_for_replica()
+        self.register(redis)
+        self.children = [_Child(i) for i in range(self.config.engine.slots_per_replica)]
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        print(f"worker {self.worker_id}: {len(self.children)} episode processes on "
+              f"{self.engine_url} (boot {self.boot_id})", flush=True)
+        next_resolve = 0.0
+        try:
+            while not self._stop:
+                self._keep_children()
+                try:
+                    redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
+                    if time.monotonic() >= next_resolve:
+                        resolve_doubt(ledger, self.client, self._current_boot(),
+                                      min_age=self.config.timeouts.lease)
+                        next_resolve = time.monotonic() + self.resolve_every_s
+                except (RedisUnavailable, EngineError) as exc:
+                    log.warning("worker %s: %s", self.worker_id, exc)
+                time.sleep(self.poll_s)
+        finally:
+            self._shutdown(redis)
+        return 0
+
+    def _current_boot(self) -> str:
+        """The replica's boot id now (sim reports it; SGLang keeps the one given)."""
+        try:
+            return str(self.client.server_info().get("boot_id") or self.boot_id)
+        except EngineError:
+            return self.boot_id
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stop = True
+
+    def _shutdown(self, redis) -> None:
+        procs = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.timeouts.shutdown_grace + 30
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        try:
+            redis.hdel(self.keys.workers, self.worker_id)
+            redis.zrem(self.keys.workers_seen, self.worker_id)
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            log.warning("worker %s: could not deregister: %s", self.worker_id, exc)
+        print(f"worker {self.worker_id}: stopped", flush=True)
