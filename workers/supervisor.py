@@ -47,7 +47,6 @@ class Supervisor:
     engine_url: str
     boot_id: str = ""
     poll_s: float = 1.0
-    resolve_every_s: float = 10.0
     children: list[_Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -123,7 +122,8 @@ class Supervisor:
                     if time.monotonic() >= next_resolve:
                         resolve_doubt(ledger, self.client, self._current_boot(),
                                       min_age=self.config.timeouts.lease)
-                        next_resolve = time.monotonic() + self.resolve_every_s
+                        # as often as a lease: doubt younger than a lease is left alone
+                        next_resolve = time.monotonic() + min(10.0, self.config.timeouts.lease)
                 except (RedisUnavailable, EngineError) as exc:
                     log.warning("worker %s: %s", self.worker_id, exc)
                 time.sleep(self.poll_s)

@@ -1,0 +1,83 @@
+"""The reconciler: marks doubt and applies the doubt timeout (DESIGN section 5).
+
+The collector ticks it. It never decides that an attempt stopped (only the replica's
+node can confirm that, see ``workers/resolver.py``); it only notices what may have
+gone wrong and says so:
+
+- a running attempt whose lease expired becomes doubtful (``lease_expired``);
+- a queued attempt with no RQ job anywhere (neither in the outbox nor in RQ) is handed
+  to the outbox again: nothing ran, so nothing is in doubt;
+- an attempt doubtful for longer than ``timeouts.doubt`` is declared lost and retried,
+  loudly (a warning and ``retries:doubt_timeout``); a late result from it is ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from .config import Config
+from .ledger import Ledger
+from .records import decode_attempt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TickReport:
+    doubted: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(self, ledger: Ledger, config: Config) -> None:
+        self.ledger = ledger
+        self.config = config
+
+    def tick(self, *, scan_jobs: bool = True) -> TickReport:
+        """One pass. *scan_jobs* reads every attempt record: the collector does it less
+        often than the cheap lease and doubt checks."""
+        report = TickReport()
+        ledger, keys = self.ledger, self.ledger.keys
+        now = ledger.clock()
+        for raw in ledger.client.zrangebyscore(keys.leases, "-inf", now):
+            aid = raw.decode()
+            if ledger.mark_doubtful(aid, "lease_expired").status == "doubtful":
+                log.warning("attempt %s: lease expired, now doubtful", aid)
+                report.doubted.append(aid)
+        doubt_s = self.config.timeouts.doubt
+        for raw in ledger.client.zrangebyscore(keys.doubt, "-inf", now - doubt_s):
+            aid = raw.decode()
+            answer = ledger.retry(aid, cause="doubt_timeout", resolution="lost", doubt_s=doubt_s)
+            if not answer.ignored:
+                log.warning("attempt %s: doubtful for over %ss, declared lost: %s %s",
+                            aid, doubt_s, answer.status, answer.detail)
+                report.lost.append(aid)
+        if scan_jobs:
+            report.requeued = self._requeue_lost_jobs()
+        return report
+
+    def _requeue_lost_jobs(self) -> list[str]:
+        """Queued attempts whose RQ job vanished (or ended without starting them)."""
+        ledger, keys = self.ledger, self.ledger.keys
+        in_outbox = {raw.decode() for raw in ledger.client.lrange(keys.outbox, 0, -1)}
+        requeued = []
+        for raw, record in ledger.client.hscan_iter(keys.attempts, count=1000):
+            aid = raw.decode()
+            if aid in in_outbox or decode_attempt(record).state != "queued":
+                continue
+            job = (Job.fetch(aid, connection=ledger.client, serializer=JSONSerializer)
+                   if Job.exists(aid, ledger.client) else None)
+            if job is not None and not (job.is_finished or job.is_failed or job.is_stopped
+                                        or job.is_canceled):
+                continue  # waiting in RQ, or being picked up
+            if job is not None:
+                job.delete()
+            ledger.client.rpush(keys.outbox, aid)
+            log.warning("attempt %s: its RQ job was lost; handed to the outbox again", aid)
+            requeued.append(aid)
+        return requeued

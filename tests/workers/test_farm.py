@@ -1,0 +1,157 @@
+"""A small farm end to end: real Redis, simulated replicas, `queue-rollout worker`
+processes; the test plays the collector (admission, outbox, reconciler ticks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
+
+from queue_rollout.config import load_config
+from queue_rollout.dispatch import episode_queue, flush_outbox
+from queue_rollout.doctor import examine
+from queue_rollout.ledger import Ledger
+from queue_rollout.reconciler import Reconciler
+from queue_rollout.results import decode_result
+from queue_rollout.workers.sglang_client import SGLangClient
+from queue_rollout.workers.sim_engine import ThreadedSimEngine
+from queue_rollout.workers.workflows import episode_seed
+
+EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+
+
+def wait_for(predicate, timeout: float, what: str, tick=None):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if tick:
+            tick()
+        time.sleep(0.1)
+    return value
+
+
+def write_toml(path: Path, redis_url: str, *, group_size: int, slots: int, lease: int) -> Path:
+    path.write_text(
+        f'[farm]\nname = "e2e"\nredis_url = "{redis_url}"\n'
+        f"[rollout]\ngroup_size = {group_size}\nbatch_size = 1\n"
+        f"max_concurrent_samples = {max(group_size, 8)}\nmax_staleness = 1000\n"
+        f"[engine]\nslots_per_replica = {slots}\n"
+        f"[timeouts]\nshutdown_grace = 2\nlease = {lease}\n")
+    return path
+
+
+class Farm:
+    def __init__(self, stack: ExitStack, toml: Path, replicas: int, step_ms: float) -> None:
+        self.config = load_config(toml)
+        self.engines = [stack.enter_context(ThreadedSimEngine(slots=4, step_ms=step_ms))
+                        for _ in range(replicas)]
+        self.procs = [subprocess.Popen([EXE, "worker", "--gpu", str(i), "--engine-url", e.url,
+                                        "-c", str(toml)], stdout=subprocess.PIPE, text=True)
+                      for i, e in enumerate(self.engines)]
+        stack.callback(self.stop)
+        for p in self.procs:
+            assert "episode processes" in p.stdout.readline()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            assert p.wait(60) == 0
+
+
+def test_32_groups_of_4_complete_with_exact_lengths_and_one_result_each(r, redis_url, tmp_path):
+    toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=4, slots=2, lease=10)
+    with ExitStack() as stack:
+        farm = Farm(stack, toml, replicas=2, step_ms=0.2)
+        ledger = Ledger.from_config(r, farm.config)
+        lengths = {f"g{i:02d}": [10 + (i * 7 + m * 13) % 90 for m in range(4)] for i in range(32)}
+        ledger.submit((gid, json.dumps({"id": gid, "prompt": "x", "member_lengths": ls}).encode())
+                      for gid, ls in lengths.items())
+
+        def admit() -> None:
+            while ledger.admit().status == "admitted":
+                pass
+            flush_outbox(r, ledger.keys)
+
+        wait_for(lambda: ledger.counters().get("finished", 0) == 128, 120, "128 episodes", admit)
+    events = r.xrange(ledger.keys.events)
+    assert sorted(e[1][b"group"].decode() for e in events) == sorted(lengths)
+    for gid, ls in lengths.items():
+        assert ledger.group(gid).state == "complete"
+        for m, want in enumerate(ls):
+            result = decode_result(ledger.result(gid, m), 1 << 20)
+            assert len(result.output_ids) == want and result.member == m
+    c = ledger.counters()
+    assert (c["finished"], c.get("failed", 0), c["reserved"], c.get("doubtful", 0)) == (128, 0, 0, 0)
+    assert c["output_tokens"] == sum(map(sum, lengths.values()))
+    assert examine(r, ledger.keys).ok
+
+
+def test_a_long_episode_is_never_taken_for_abandoned_while_its_worker_lives(r, redis_url, tmp_path):
+    toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=1, slots=1, lease=1)
+    with ExitStack() as stack:
+        farm = Farm(stack, toml, replicas=1, step_ms=2.0)  # 3,000 tokens: ~6 s, 6 leases
+        ledger = Ledger.from_config(r, farm.config)
+        reconciler = Reconciler(ledger, farm.config)
+        ledger.submit([("long", b'{"id": "long", "prompt": "x", "member_lengths": [3000]}')])
+        (aid,) = ledger.admit().attempt_ids
+        flush_outbox(r, ledger.keys)
+        wait_for(lambda: ledger.counters().get("finished", 0) == 1, 60, "the long episode",
+                 tick=lambda: reconciler.tick(scan_jobs=False))
+    c = ledger.counters()
+    assert "doubts:lease_expired" not in c and c.get("retries:doubt_timeout", 0) == 0
+    job = episode_queue(r, ledger.keys).fetch_job(aid)
+    assert job.is_finished  # not failed, not abandoned by RQ
+
+
+def test_sigkill_mid_episode_doubt_keeps_the_slot_until_the_stop_is_confirmed(r, redis_url, tmp_path):
+    toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=1, slots=1, lease=2)
+    with ExitStack() as stack:
+        farm = Farm(stack, toml, replicas=1, step_ms=2.0)
+        ledger = Ledger.from_config(r, farm.config)
+        reconciler = Reconciler(ledger, farm.config)
+        ledger.submit([("k", b'{"id": "k", "prompt": "x", "member_lengths": [2000]}')])
+        (first,) = ledger.admit().attempt_ids
+        flush_outbox(r, ledger.keys)
+        wait_for(lambda: (a := ledger.attempt(first)) and a.state == "running", 30, "start")
+        pid = next(w.pid for w in Worker.all(connection=r, serializer=JSONSerializer))
+        os.kill(pid, signal.SIGKILL)
+        # the replica still runs the request: the lease expires, the slot stays
+        wait_for(lambda: reconciler.tick(scan_jobs=False).doubted, 30, "doubt")
+        assert ledger.counters()["reserved"] == 1
+        assert r.llen(ledger.keys.outbox) == 0  # no second attempt yet
+        # the supervisor restarts the process and its resolver confirms the stop
+        wait_for(lambda: ledger.counters().get("finished", 0) == 1, 60, "the retry",
+                 tick=lambda: (reconciler.tick(scan_jobs=False), flush_outbox(r, ledger.keys)))
+        engine = farm.engines[0]
+        log = engine.server.model.log
+    assert ledger.attempt(first).state == "stopped"
+    retry_aid = ledger.current_attempt("k", 0)[0]
+    assert retry_aid != first
+    runs: dict[str, list[dict]] = {}
+    for entry in log:
+        runs.setdefault(entry["rid"], []).append(entry)
+    # the request ended (aborted when its client died, as SGLang does), then the probe
+    # with the same rid was accepted: that confirmation came before any retry ran
+    original, probe = runs[first]
+    assert original["finish"] == "abort" and 0 < original["tokens"] < 2000
+    assert (probe["finish"], probe["tokens"]) == ("length", 0)
+    (retry_run,) = runs[retry_aid]
+    assert retry_run["started"] >= probe["ended"] >= original["ended"]
+    result = decode_result(ledger.result("k", 0), 1 << 20)
+    with ThreadedSimEngine(slots=1, step_ms=0.05) as fresh:
+        expected = SGLangClient(fresh.url).generate(
+            "ref", text="x", timeout=10, sampling_params={
+                "max_new_tokens": 2000, "ignore_eos": True, "sampling_seed": episode_seed(0, "k", 0)})
+    assert result.output_ids == expected.output_ids  # same seed, same tokens
+    assert ledger.counters()["retries:lease_expired"] == 1
