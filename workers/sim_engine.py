@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import uuid
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,16 @@ def _error(status: int, message: str) -> HTTPError:
 
 
 def output_length(seed: int, params: dict[str, Any]) -> int:
-    """Tokens a request produces: max_new_tokens with ignore_eos, else a seeded length."""
+    """Tokens a request produces: ``max_new_tokens`` with ``ignore_eos``; otherwise a
+    seeded long-tailed length (log-normal, median max_new_tokens / 8, sigma 1), capped
+    at ``max_new_tokens`` as a real stop would be."""
     max_new = int(params.get("max_new_tokens", 128))
     if params.get("ignore_eos") or max_new <= 1:
         return max(0, max_new)
-    return 1 + _h("len", seed) % max_new
+    u1 = (_h("len1", seed) % 1_000_000 + 1) / 1_000_001
+    u2 = (_h("len2", seed) % 1_000_000) / 1_000_000
+    z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+    return max(1, min(max_new, round(max_new / 8 * math.exp(z))))
 
 
 def output_text(seed: int, n: int, params: dict[str, Any], *, complete: bool = True) -> str:
@@ -178,9 +184,13 @@ class SimEngineServer:
 
     @staticmethod
     async def _respond(writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
-        data = b"" if payload is None else json.dumps(payload).encode()
+        if isinstance(payload, _Text):
+            data, kind = payload.encode(), "text/plain; version=0.0.4"
+        else:
+            data = b"" if payload is None else json.dumps(payload).encode()
+            kind = "application/json"
         head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+                f"Content-Type: {kind}\r\nContent-Length: {len(data)}\r\n\r\n")
         writer.write(head.encode() + data)
         await writer.drain()
 
@@ -188,7 +198,8 @@ class SimEngineServer:
                      reader: asyncio.StreamReader) -> Any:
         get = {"/health": self._health, "/health_generate": self._health,
                "/get_server_info": self._server_info, "/server_info": self._server_info,
-               "/get_weight_version": self._weight_version, "/model_info": self._weight_version}
+               "/get_weight_version": self._weight_version, "/model_info": self._weight_version,
+               "/metrics": self._metrics}
         post = {"/abort_request": self._abort, "/pause_generation": self._pause,
                 "/continue_generation": self._continue,
                 "/update_weights_from_disk": self._update_weights}
@@ -216,6 +227,26 @@ class SimEngineServer:
                 "step_ms_per_request": m.step_ms_per_request,
                 "running": len(m.running), "waiting": len(m.waiting),
                 "paused": m.paused}
+
+    def _metrics(self) -> _Text:
+        """Prometheus text with SGLang's gauge names (``--enable-metrics``)."""
+        self._sync()
+        m = self.model
+        running = len(m.running)
+        throughput = running / m.step_s() if running and not m.paused else 0.0
+        labels = '{model_name="sim"}'
+        lines = [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            "# TYPE sglang:num_running_reqs gauge",
+            f"sglang:num_running_reqs{labels} {running}",
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+            "# TYPE sglang:num_queue_reqs gauge",
+            f"sglang:num_queue_reqs{labels} {len(m.waiting)}",
+            "# HELP sglang:gen_throughput The generation throughput (token/s).",
+            "# TYPE sglang:gen_throughput gauge",
+            f"sglang:gen_throughput{labels} {throughput:.3f}",
+        ]
+        return _Text("\n".join(lines) + "\n")
 
     def _weight_version(self) -> dict[str, Any]:
         return {"weight_version": self.model.weight_version}
@@ -330,6 +361,10 @@ class SimEngineServer:
 
 class _Disconnected(Exception):
     pass
+
+
+class _Text(str):
+    """A plain-text response body."""
 
 
 def _json(body: bytes) -> dict[str, Any]:

@@ -191,3 +191,25 @@ def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow)
     assert len(result.output_ids) == 300
     versions = [v for v, _ in result.version_runs]
     assert versions == [0, 1] and 0 < result.version_runs[0][1] < 300
+
+
+def test_pause_in_place_keeps_the_request_and_counts_tokens_under_the_oldest_version(r, slow):
+    config = make_config()  # pause_mode in_place
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [150, 1]}])
+    runner = runner_for(ledger, config, slow.url)
+    aid = adm.attempt_ids[0]
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
+    t.start()
+    time.sleep(0.4)
+    client = SGLangClient(slow.url)
+    client.pause("in_place")
+    ledger.set_version(1)
+    time.sleep(0.3)
+    client.resume()
+    t.join(15)
+    assert out["v"] == "finished"
+    result = decode_result(ledger.result("p", 0), 1 << 20)
+    # one request spanned the update: a non-streaming client cannot see where, so its
+    # tokens take the oldest version that may have produced them (DESIGN section 6)
+    assert len(result.output_ids) == 150 and result.version_runs == [(0, 150)]

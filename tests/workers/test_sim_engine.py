@@ -190,3 +190,27 @@ def test_the_sim_engine_command_serves_on_loopback(tmp_path):
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+def test_metrics_use_sglang_gauge_names(slow_replica):
+    import urllib.request
+
+    client = slow_replica.client
+    t, _ = in_background(client.generate, "m", input_ids=[1], timeout=30,
+                         sampling_params={"max_new_tokens": 10_000, "ignore_eos": True})
+    wait_until(lambda: client.server_info()["running"] == 1)
+    text = urllib.request.urlopen(slow_replica.url + "/metrics", timeout=5).read().decode()
+    assert 'sglang:num_running_reqs{model_name="sim"} 1' in text
+    assert 'sglang:gen_throughput{model_name="sim"} 50.000' in text  # 1 / 20 ms
+    client.abort("m")
+    t.join(5)
+
+
+def test_lengths_without_ignore_eos_are_seeded_and_long_tailed():
+    from queue_rollout.workers.sim_engine import output_length
+
+    lengths = [output_length(seed, {"max_new_tokens": 16384}) for seed in range(2000)]
+    assert lengths == [output_length(seed, {"max_new_tokens": 16384}) for seed in range(2000)]
+    lengths.sort()
+    median, p99 = lengths[1000], lengths[1980]
+    assert 1500 < median < 2600 and p99 > 5 * median and max(lengths) <= 16384
