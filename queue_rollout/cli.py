@@ -57,8 +57,14 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
     from .bench.ledger import run_ledger_bench
 
-    if args.profile != "ledger":  # argparse choices keep this unreachable today
-        raise QueueRolloutError(f"unknown profile {args.profile}")
+    if args.profile == "sim-replica":
+        from .bench.sim_replica import run_sim_replica_bench
+
+        sim = run_sim_replica_bench(requests=args.requests, seconds=args.seconds)
+        print(json.dumps(sim.as_json()) if args.json else
+              f"sim replica: {sim.concurrent_requests} running requests, "
+              f"{sim.cpu_fraction:.1%} of one core over {sim.seconds:g} s")
+        return 0
     print(f"bench ledger: {args.clients} clients, {args.seconds:g} s per kind in "
           f"{args.rounds} rounds", file=sys.stderr)
     result = run_ledger_bench(clients=args.clients, seconds=args.seconds, rounds=args.rounds)
@@ -150,14 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-log", metavar="FILE", help="append one JSON line per request")
 
     p = add("bench", _cmd_bench, "benchmarks (DESIGN section 8)")
-    p.add_argument("--profile", choices=["ledger"], default="ledger",
-                   help="ledger: script ops/s against the trivial-script floor")
+    p.add_argument("--profile", choices=["ledger", "sim-replica"], default="ledger",
+                   help="ledger: script ops/s against the trivial-script floor; "
+                        "sim-replica: CPU of one simulated replica holding --requests")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     p.add_argument("--seconds", type=float, default=6.0,
                    help="seconds per kind (ledger, trivial), summed over rounds (default 6)")
     p.add_argument("--rounds", type=int, default=3,
                    help="alternating segments of each kind (default 3)")
+    p.add_argument("--requests", type=int, default=128,
+                   help="sim-replica: concurrent requests (default 128)")
     return parser
 
 

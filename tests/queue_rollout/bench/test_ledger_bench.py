@@ -26,3 +26,12 @@ def test_segments_alternate_abba():
     from queue_rollout.bench.ledger import segment_kinds
 
     assert segment_kinds(2) == ["trivial", "ledger", "ledger", "trivial"]
+
+
+def test_sim_replica_bench_json_shape(capsys):
+    assert main(["bench", "--profile", "sim-replica", "--json", "--requests", "4",
+                 "--seconds", "0.5"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"profile", "concurrent_requests", "seconds", "cpu_fraction_of_one_core"}
+    assert result["profile"] == "sim-replica" and result["concurrent_requests"] == 4
+    assert 0 <= result["cpu_fraction_of_one_core"] <= 2
