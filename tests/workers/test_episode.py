@@ -213,3 +213,16 @@ def test_pause_in_place_keeps_the_request_and_counts_tokens_under_the_oldest_ver
     # one request spanned the update: a non-streaming client cannot see where, so its
     # tokens take the oldest version that may have produced them (DESIGN section 6)
     assert len(result.output_ids) == 150 and result.version_runs == [(0, 150)]
+
+
+def test_a_timeout_starts_no_second_attempt_while_the_replica_still_runs_the_first(r, slow):
+    config = make_config(timeouts={"request": 1})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])
+    runner = runner_for(ledger, config, slow.url)
+    runner.client.confirm_stopped = lambda rid: False  # the probe is refused: still in flight
+    aid = adm.attempt_ids[0]
+    assert runner.run(aid) == "doubtful"
+    c = ledger.counters()
+    assert (c["doubtful"], c["reserved"], c.get("retries:generate_error", 0)) == (1, 2, 0)
+    assert r.llen(ledger.keys.outbox) == 2  # the two first attempts only: no retry queued
+    assert ledger.attempt(aid).state == "doubtful"
