@@ -55,8 +55,6 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
-    from .bench.ledger import run_ledger_bench
-
     if args.profile == "sim-replica":
         from .bench.sim_replica import run_sim_replica_bench
 
@@ -65,6 +63,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
               f"sim replica: {sim.concurrent_requests} running requests, "
               f"{sim.cpu_fraction:.1%} of one core over {sim.seconds:g} s")
         return 0
+    from .bench.ledger import run_ledger_bench
+
     print(f"bench ledger: {args.clients} clients, {args.seconds:g} s per kind in "
           f"{args.rounds} rounds", file=sys.stderr)
     result = run_ledger_bench(clients=args.clients, seconds=args.seconds, rounds=args.rounds)

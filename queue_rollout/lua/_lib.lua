@@ -1,6 +1,7 @@
 -- _lib.lua: helpers prepended to every ledger script when it is loaded.
--- It reads no KEYS and no ARGV of its own: every function takes the key names it
--- touches as arguments, so each script's header stays the whole truth about its keys.
+-- KEYS[1] = none of its own: every function takes the key names it touches as
+--            arguments, so each script's header stays the whole truth about its keys
+-- ARGV[1] = none of its own
 --
 -- Records are JSON objects in farm-wide hashes:
 --   groups[gid]    {id, G, mode, state, done, failed, version, admitted_at, aids, ...}

@@ -37,6 +37,14 @@ def runner_for(ledger: Ledger, config: Config, url: str, **kw) -> AttemptRunner:
                          worker_id="w0", boot_id="boot0", workflow=load_workflow(config), **kw)
 
 
+def run_in_background(runner: AttemptRunner, aid: str) -> tuple[threading.Thread, dict]:
+    """Run the attempt on a thread; ``out["v"]`` holds what run() returned."""
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
+    thread.start()
+    return thread, out
+
+
 @pytest.fixture
 def fast():
     with ThreadedSimEngine(slots=8, step_ms=0.05) as engine:
@@ -154,9 +162,7 @@ def test_a_superseded_attempt_is_aborted_and_reports_nothing(r, slow, clock):
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])
     runner = runner_for(ledger, config, slow.url)
     aid = adm.attempt_ids[0]
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
-    t.start()
+    t, out = run_in_background(runner, aid)
     deadline = time.monotonic() + 5
     while ledger.attempt(aid).state != "running":
         assert time.monotonic() < deadline
@@ -175,9 +181,7 @@ def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow)
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [300, 1]}])
     runner = runner_for(ledger, config, slow.url)
     aid = adm.attempt_ids[0]
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
-    t.start()
+    t, out = run_in_background(runner, aid)
     time.sleep(0.5)  # ~50 tokens under version 0
     client = SGLangClient(slow.url)
     ledger.set_paused(True)
@@ -198,9 +202,7 @@ def test_pause_in_place_keeps_the_request_and_counts_tokens_under_the_oldest_ver
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [150, 1]}])
     runner = runner_for(ledger, config, slow.url)
     aid = adm.attempt_ids[0]
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("v", runner.run(aid)))
-    t.start()
+    t, out = run_in_background(runner, aid)
     time.sleep(0.4)
     client = SGLangClient(slow.url)
     client.pause("in_place")
