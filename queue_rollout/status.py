@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import redis
 
 from .config import Config
 from .keys import Keys
 
 
+def live_workers(client: redis.Redis, keys: Keys, *, now: float,
+                 stale_after: float) -> dict[str, dict]:
+    """Registered workers whose supervisor reported within *stale_after* seconds."""
+    seen = client.zrangebyscore(keys.workers_seen, now - stale_after, "+inf")
+    if not seen:
+        return {}
+    records = client.hmget(keys.workers, seen)
+    return {w.decode(): json.loads(r) for w, r in zip(seen, records) if r is not None}
+
+
 def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
-                live_worker_slots: int = 0, live_workers: int = 0) -> dict[str, object]:
-    """One snapshot, read in one transaction so the numbers agree with each other."""
+                now: float | None = None) -> dict[str, object]:
+    """One snapshot of the ledger, read in one transaction so its numbers agree."""
     keys = Keys(config.farm.name)
+    workers = live_workers(client, keys, now=time.time() if now is None else now,
+                           stale_after=3 * config.timeouts.lease)
+    live_worker_slots = sum(int(w.get("slots", 0)) for w in workers.values())
     pipe = client.pipeline(transaction=True)
     pipe.hgetall(keys.counters)
     pipe.hgetall(keys.state)
@@ -40,7 +56,7 @@ def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
             "rejected": c.get("rejected", 0),
             "consumed": c.get("consumed", 0),
         },
-        "workers": {"alive": live_workers, "slots": live_worker_slots},
+        "workers": {"alive": len(workers), "slots": live_worker_slots},
     }
 
 

@@ -18,6 +18,7 @@ from rq.worker import Worker
 from queue_rollout.config import load_config
 from queue_rollout.dispatch import flush_outbox
 from queue_rollout.ledger import Ledger
+from queue_rollout.status import farm_status
 from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.sglang_client import SGLangClient
 from queue_rollout.workers.sim_engine import ThreadedSimEngine
@@ -67,6 +68,8 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
         wait_for(lambda: len(rq_workers(r)) == 2, what="2 RQ workers")
         record = json.loads(next(iter(r.hgetall(ledger.keys.workers).values())))
         assert record["slots"] == 2 and record["replica"] == engine.url
+        status = farm_status(r, config, redis_url="x")
+        assert status["workers"] == {"alive": 1, "slots": 2}
 
         ledger.submit((f"p{i}", json.dumps({"id": f"p{i}", "prompt": "x",
                                             "member_lengths": [50, 200]}).encode())
