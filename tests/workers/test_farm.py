@@ -20,6 +20,7 @@ from rq.worker import Worker
 from queue_rollout.config import load_config
 from queue_rollout.dispatch import episode_queue, flush_outbox
 from queue_rollout.doctor import examine
+from queue_rollout.keys import EVENTS_GROUP
 from queue_rollout.ledger import Ledger
 from queue_rollout.reconciler import Reconciler
 from queue_rollout.results import decode_result
@@ -69,7 +70,7 @@ class Farm:
             assert p.wait(60) == 0
 
 
-def test_32_groups_of_4_complete_with_exact_lengths_and_one_result_each(r, redis_url, tmp_path):
+def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(r, redis_url, tmp_path):
     toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=4, slots=2, lease=10)
     with ExitStack() as stack:
         farm = Farm(stack, toml, replicas=2, step_ms=0.2)
@@ -84,15 +85,25 @@ def test_32_groups_of_4_complete_with_exact_lengths_and_one_result_each(r, redis
             flush_outbox(r, ledger.keys)
 
         wait_for(lambda: ledger.counters().get("finished", 0) == 128, 120, "128 episodes", admit)
-    events = r.xrange(ledger.keys.events)
-    assert sorted(e[1][b"group"].decode() for e in events) == sorted(lengths)
-    for gid, ls in lengths.items():
-        assert ledger.group(gid).state == "complete"
-        for m, want in enumerate(ls):
+    # play the collector and the trainer: judge each completion once, take B=1 batches
+    r.xgroup_create(ledger.keys.events, EVENTS_GROUP, id="0")
+    [(_, entries)] = r.xreadgroup(EVENTS_GROUP, "test", {ledger.keys.events: ">"})
+    assert sorted(f[b"group"].decode() for _, f in entries) == sorted(lengths)
+    for entry_id, fields in entries:
+        verdict = ledger.judge(fields[b"group"].decode(), accept=True, entry_id=entry_id.decode())
+        assert verdict.status == "accepted"
+    delivered = []
+    while (delivery := ledger.pop_batch("trainer")) is not None:
+        (gid,) = delivery.batch.groups  # exactly B = 1 group, whole
+        for m, want in enumerate(lengths[gid]):
             result = decode_result(ledger.result(gid, m), 1 << 20)
             assert len(result.output_ids) == want and result.member == m
+        assert ledger.ack("trainer", delivery.batch.id).status == "acked"
+        delivered.append(gid)
+    assert sorted(delivered) == sorted(lengths)  # each group delivered once
     c = ledger.counters()
     assert (c["finished"], c.get("failed", 0), c["reserved"], c.get("doubtful", 0)) == (128, 0, 0, 0)
+    assert (c["consumed"], c.get("ignored", 0)) == (32, 0)  # no result was recorded twice
     assert c["output_tokens"] == sum(map(sum, lengths.values()))
     assert examine(r, ledger.keys).ok
 
