@@ -228,3 +228,45 @@ def test_a_timeout_starts_no_second_attempt_while_the_replica_still_runs_the_fir
     assert (c["doubtful"], c["reserved"], c.get("retries:generate_error", 0)) == (1, 2, 0)
     assert r.llen(ledger.keys.outbox) == 2  # the two first attempts only: no retry queued
     assert ledger.attempt(aid).state == "doubtful"
+
+
+PLUGIN = '''
+class TwoTurns:
+    """Generate, run a "tool" on the output, generate again."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def run(self, ctx):
+        first = ctx.generate(text=ctx.prompt["prompt"], max_new_tokens=5, ignore_eos=True)
+        tool_output = f" [tool saw {len(first.output_ids)} tokens] "
+        ctx.generate(text=ctx.prompt["prompt"] + first.text + tool_output,
+                     max_new_tokens=7, ignore_eos=True)
+        return 0.5
+
+
+def factory(config):
+    return TwoTurns(config)
+'''
+
+
+def test_a_plugin_workflow_may_call_generate_several_times(r, fast, tmp_path, monkeypatch):
+    (tmp_path / "my_tools_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = make_config(workflow={"name": "my_tools_plugin:factory"})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x"}])
+    runner = runner_for(ledger, config, fast.url)
+    assert runner.run(adm.attempt_ids[0]) == "finished"
+    result = decode_result(ledger.result("p", 0), 1 << 20)
+    assert (result.turns, len(result.output_ids), result.reward) == (2, 12, 0.5)
+    rids = [e["rid"] for e in fast.server.model.log]
+    assert rids == [adm.attempt_ids[0], f"{adm.attempt_ids[0]}-t1"]  # abortable by prefix
+
+
+def test_an_unknown_workflow_is_a_config_error():
+    from queue_rollout.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="workflow.name"):
+        load_workflow(make_config(workflow={"name": "nope"}))
+    with pytest.raises(ConfigError, match="cannot load"):
+        load_workflow(make_config(workflow={"name": "no_such_module_xyz:factory"}))
