@@ -85,6 +85,23 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
     return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
 
 
+def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
+    from .errors import BadInput
+    from .ledger import Ledger
+    from .prompts import read_file
+    from .redis_conn import connect_config
+
+    prompts = read_file(args.file, group_size=config.rollout.group_size,
+                        max_bytes=config.limits.max_prompt_bytes)
+    ledger = Ledger.from_config(connect_config(config), config)
+    answer = ledger.submit(prompts)
+    if answer.status == "duplicate":
+        raise BadInput(f"{args.file}: nothing submitted; ids already known to the farm: "
+                       f"{answer.detail}")
+    print(f"submitted {answer.detail} prompts to farm {config.farm.name}")
+    return 0
+
+
 def _cmd_worker(config: Config, args: argparse.Namespace) -> int:
     from .workers.supervisor import Supervisor
 
@@ -130,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=128, help="prompt groups (default 128)")
     p.add_argument("--batches", type=int, default=6,
                    help="batches trained on (with a pause each) before the drain (default 6)")
+
+    p = add("submit", _cmd_submit,
+            "validate and enqueue prompts (JSON Lines); bad input: exit 2, nothing enqueued")
+    p.add_argument("file", metavar="FILE.jsonl")
 
     p = add("status", _cmd_status, "farm state")
     p.add_argument("--json", action="store_true", help="one JSON object")
