@@ -85,6 +85,12 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
     return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
 
 
+def _cmd_collector(config: Config, args: argparse.Namespace) -> int:
+    from .collector import run_collector
+
+    return run_collector(config)
+
+
 def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     from .errors import BadInput
     from .ledger import Ledger
@@ -147,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=128, help="prompt groups (default 128)")
     p.add_argument("--batches", type=int, default=6,
                    help="batches trained on (with a pause each) before the drain (default 6)")
+
+    add("collector", _cmd_collector,
+        "the collector: admission, outbox, group judgement, reconciler (leader-elected)")
 
     p = add("submit", _cmd_submit,
             "validate and enqueue prompts (JSON Lines); bad input: exit 2, nothing enqueued")

@@ -105,6 +105,11 @@ class Keys:
         return self._k("workers_seen")
 
     @property
+    def leader(self) -> str:
+        """Hash: the collector holding leadership, and until when."""
+        return self._k("leader")
+
+    @property
     def rq_queue(self) -> str:
         """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
         return f"qr-{self.farm}-episodes"
@@ -114,7 +119,7 @@ class Keys:
             self.counters, self.state, self.pending, self.prompts, self.groups,
             self.attempts, self.results, self.outbox, self.leases,
             self.doubt, self.events, self.ready, self.batches, self.workers,
-            self.workers_seen,
+            self.workers_seen, self.leader,
         ]
 
 

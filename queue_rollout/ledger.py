@@ -224,6 +224,11 @@ class Ledger:
         """Raise or clear the pause flag; returns the previous flag."""
         return self._answer("set_paused", [self.keys.state], "1" if paused else "0").detail == "1"
 
+    def lead(self, candidate: str, lease_s: float) -> tuple[bool, str]:
+        """Take or renew collector leadership; returns (leading?, current holder)."""
+        answer = self._answer("lead", [self.keys.leader], candidate, repr(float(lease_s)))
+        return answer.status == "leader", answer.detail
+
     # -- reading -----------------------------------------------------------------------
 
     def counters(self) -> dict[str, int]:

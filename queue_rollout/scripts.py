@@ -19,7 +19,7 @@ _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)\] = ", re.MULTILINE)
 
 OPERATIONS = (
     "submit", "admit", "start", "progress", "finish", "doubt", "retry",
-    "judge", "pop_batch", "ack", "set_version", "set_paused",
+    "judge", "pop_batch", "ack", "set_version", "set_paused", "lead",
 )
 
 
