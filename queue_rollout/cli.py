@@ -91,6 +91,39 @@ def _cmd_collector(config: Config, args: argparse.Namespace) -> int:
     return run_collector(config)
 
 
+def _cmd_consume(config: Config, args: argparse.Namespace) -> int:
+    from .client import RolloutClient
+
+    client = RolloutClient.from_config(config, consumer=args.consumer)
+    for k in range(1, args.batches + 1):
+        batch = client.get_batch(timeout=args.timeout)
+        groups = [{"id": g.id, "members": [
+            {"member": m.member, "output_tokens": len(m.output_ids), "reward": m.reward,
+             "finish_reason": m.finish_reason, "versions": sorted(set(m.versions))}
+            for m in g.members]} for g in batch.groups]
+        client.ack(batch)
+        if not args.no_version_bump:
+            client.set_version(client.version() + 1)
+        if args.json:
+            print(json.dumps({"batch": k, "version": batch.version, "groups": groups}), flush=True)
+        else:
+            print(f"batch {k}: {len(groups)} groups at version {batch.version}: "
+                  f"{', '.join(g['id'] for g in groups)}", flush=True)
+    return 0
+
+
+def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
+    from .errors import BadInput
+    from .ledger import Ledger
+    from .redis_conn import connect_config
+
+    if args.version < 0:
+        raise BadInput(f"set-version: N must be >= 0, got {args.version}")
+    previous = Ledger.from_config(connect_config(config), config).set_version(args.version)
+    print(f"policy version {previous} -> {args.version}")
+    return 0
+
+
 def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     from .errors import BadInput
     from .ledger import Ledger
@@ -160,6 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("submit", _cmd_submit,
             "validate and enqueue prompts (JSON Lines); bad input: exit 2, nothing enqueued")
     p.add_argument("file", metavar="FILE.jsonl")
+
+    p = add("consume", _cmd_consume,
+            "take N batches as a trainer would: wait, ack, raise the policy version")
+    p.add_argument("--batches", type=int, required=True, help="how many batches")
+    p.add_argument("--json", action="store_true", help="one JSON object per batch")
+    p.add_argument("--consumer", default="trainer-0", help="consumer id (default trainer-0)")
+    p.add_argument("--no-version-bump", action="store_true",
+                   help="do not raise the policy version after each batch")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds to wait for each batch (default 3600; then exit 3)")
+
+    p = add("set-version", _cmd_set_version, "set the policy version")
+    p.add_argument("version", type=int, metavar="N")
 
     p = add("status", _cmd_status, "farm state")
     p.add_argument("--json", action="store_true", help="one JSON object")

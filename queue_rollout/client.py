@@ -1,0 +1,140 @@
+"""The trainer's side: ``from queue_rollout import RolloutClient``.
+
+    client = RolloutClient.from_config("farm.toml", consumer="trainer-0")
+    client.submit(prompts)
+    batch = client.get_batch(timeout=600)   # exactly B whole groups
+    ...train on batch.groups...
+    client.ack(batch)
+    client.set_version(client.version() + 1)
+
+A trainer that restarts with the same consumer id gets its unacknowledged batch again.
+Results are deleted from Redis once their batch is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config, load_config
+from .errors import BadInput, BarrierTimeout
+from .keys import episode_field
+from .ledger import Ledger
+from .prompts import check_prompt
+from .redis_conn import connect_config, mask_url, resolve_url
+from .results import decode_result
+from .status import farm_status
+
+
+@dataclass(frozen=True)
+class Member:
+    member: int
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]  # the policy version of each output token
+    reward: float | None
+    finish_reason: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    id: str
+    prompt: dict[str, Any]
+    members: list[Member]
+
+
+@dataclass(frozen=True)
+class Batch:
+    id: str
+    version: int  # the policy version when the batch was delivered
+    groups: list[Group]
+    redelivered: bool = False
+
+    def stale_token_mask(self, current_version: int, max_staleness: int) -> list[list[list[bool]]]:
+        """Per group, member and token: False where ``current_version - token_version >
+        max_staleness`` (the token is masked out of the loss), else True."""
+        return [[[current_version - v <= max_staleness for v in m.versions] for m in g.members]
+                for g in self.groups]
+
+
+class RolloutClient:
+    def __init__(self, ledger: Ledger, config: Config, consumer: str = "trainer-0") -> None:
+        self.ledger = ledger
+        self.config = config
+        self.consumer = consumer
+
+    @classmethod
+    def from_config(cls, path_or_config: str | Path | Config | None = None,
+                    consumer: str = "trainer-0") -> RolloutClient:
+        config = (path_or_config if isinstance(path_or_config, Config)
+                  else load_config(path_or_config))
+        return cls(Ledger.from_config(connect_config(config), config), config, consumer)
+
+    def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
+        """Validate and enqueue prompts, all or none; returns how many."""
+        checked = []
+        seen: set[str] = set()
+        for i, prompt in enumerate(prompts):
+            pid, raw = check_prompt(prompt, group_size=self.config.rollout.group_size,
+                                    max_bytes=self.config.limits.max_prompt_bytes,
+                                    where=f"prompt #{i}")
+            if pid in seen:
+                raise BadInput(f"prompt #{i}: duplicate id {pid!r}")
+            seen.add(pid)
+            checked.append((pid, raw))
+        answer = self.ledger.submit(checked)
+        if answer.status == "duplicate":
+            raise BadInput(f"nothing submitted; ids already known to the farm: {answer.detail}")
+        return int(answer.detail)
+
+    def get_batch(self, timeout: float | None = None) -> Batch:
+        """Wait for exactly B complete, accepted groups (or this consumer's unacknowledged
+        batch); raises BarrierTimeout after *timeout* seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while (delivery := self.ledger.pop_batch(self.consumer)) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise BarrierTimeout(f"no batch of {self.config.rollout.batch_size} groups "
+                                     f"within {timeout:g}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        return Batch(delivery.batch.id, delivery.batch.version,
+                     [self._group(gid) for gid in delivery.batch.groups], delivery.redelivered)
+
+    def _group(self, group_id: str) -> Group:
+        record = self.ledger.group(group_id)
+        assert record is not None
+        raws = self.ledger.client.hmget(self.ledger.keys.results,
+                                        [episode_field(group_id, m) for m in range(record.G)])
+        cap = self.config.limits.max_result_bytes
+        members = []
+        for m, raw in enumerate(raws):
+            if raw is None:  # failed after max_attempts: no output
+                members.append(Member(m, [], [], [], None, "failed", "no result"))
+                continue
+            r = decode_result(raw, cap)
+            members.append(Member(m, r.output_ids, r.logprobs, r.versions(), r.reward,
+                                  r.finish_reason, r.error))
+        prompt = self.ledger.prompt(group_id)
+        return Group(group_id, json.loads(prompt) if prompt else {}, members)
+
+    def ack(self, batch: Batch) -> None:
+        """The batch was trained on: its groups are consumed and their results deleted."""
+        answer = self.ledger.ack(self.consumer, batch.id)
+        if answer.ignored:
+            raise BadInput(f"ack of batch {batch.id} refused: {answer.detail}")
+
+    def version(self) -> int:
+        return self.ledger.version()
+
+    def set_version(self, version: int) -> None:
+        self.ledger.set_version(version)
+
+    def status(self) -> dict[str, object]:
+        return farm_status(self.ledger.client, self.config,
+                           redis_url=mask_url(resolve_url(self.config)))

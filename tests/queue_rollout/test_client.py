@@ -1,0 +1,99 @@
+"""RolloutClient and `consume`: whole batches, redelivery, the staleness mask."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from queue_rollout import RolloutClient
+from queue_rollout.cli import main
+from queue_rollout.collector import Collector
+from queue_rollout.config import load_config
+from queue_rollout.errors import BadInput, BarrierTimeout
+from queue_rollout.results import EpisodeResult, encode_result
+
+
+@pytest.fixture
+def farm_toml(tmp_path, redis_url):
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "tc"\nredis_url = "{redis_url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
+    return path
+
+
+def finish_all(client: RolloutClient, versions=((0, 3),)) -> None:
+    """Play the workers: every queued attempt runs and produces 3 tokens."""
+    ledger = client.ledger
+    for raw in ledger.client.hkeys(ledger.keys.attempts):
+        aid = raw.decode()
+        a = ledger.attempt(aid)
+        if a.state != "queued":
+            continue
+        ledger.start(aid, "w", "r", "b", 30)
+        result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
+                               version_runs=list(versions), finish_reason="length",
+                               reward=float(a.m))
+        ledger.finish(aid, a.m, encode_result(result), output_tokens=3)
+
+
+def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
+    client = RolloutClient.from_config(farm_toml, consumer="t0")
+    assert client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(3)]) == 3
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    with pytest.raises(BarrierTimeout):
+        client.get_batch(timeout=0.1)
+    finish_all(client)
+    collector.step()
+    batch = client.get_batch(timeout=5)
+    assert len(batch.groups) == 2 and not batch.redelivered
+    member = batch.groups[0].members[1]
+    assert (member.output_ids, member.reward, member.versions) == ([7, 8, 9], 1.0, [0, 0, 0])
+    again = RolloutClient.from_config(farm_toml, consumer="t0").get_batch(timeout=1)
+    assert again.redelivered and again.id == batch.id  # a restarted trainer
+    client.ack(batch)
+    with pytest.raises(BadInput):
+        client.ack(batch)
+
+
+def test_stale_token_mask(farm_toml):
+    client = RolloutClient.from_config(farm_toml)
+    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(2)])
+    Collector(client.ledger, client.config, name="c").step()
+    finish_all(client, versions=((0, 1), (2, 2)))
+    Collector(client.ledger, client.config, name="c").step()
+    batch = client.get_batch(timeout=5)
+    assert batch.stale_token_mask(current_version=3, max_staleness=1)[0][0] == [False, True, True]
+    assert batch.stale_token_mask(current_version=3, max_staleness=3)[0][0] == [True] * 3
+
+
+def test_submit_refuses_bad_and_duplicate_prompts_whole(farm_toml):
+    client = RolloutClient.from_config(farm_toml)
+    with pytest.raises(BadInput, match="prompt #1"):
+        client.submit([{"id": "a", "prompt": "x"}, {"id": "b"}])
+    with pytest.raises(BadInput, match="duplicate id 'a'"):
+        client.submit([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
+    client.submit([{"id": "a", "prompt": "x"}])
+    with pytest.raises(BadInput, match="already known to the farm: a"):
+        client.submit([{"id": "b", "prompt": "x"}, {"id": "a", "prompt": "x"}])
+    assert client.status()["groups"]["pending"] == 1
+
+
+def test_consume_json_lines_and_version_bump(farm_toml, capsys):
+    client = RolloutClient.from_config(farm_toml)
+    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(4)])
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    finish_all(client)
+    collector.step()
+    assert main(["consume", "--batches", "2", "--json", "-c", str(farm_toml)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(b["batch"], b["version"], len(b["groups"])) for b in lines] == [(1, 0, 2), (2, 1, 2)]
+    assert lines[0]["groups"][0]["members"][0] == {
+        "member": 0, "output_tokens": 3, "reward": 0.0, "finish_reason": "length",
+        "versions": [0]}
+    assert client.version() == 2
+    assert main(["consume", "--batches", "1", "--timeout", "0.2", "-c", str(farm_toml)]) == 3
+    assert main(["set-version", "7", "-c", str(farm_toml)]) == 0
+    assert load_config(farm_toml).farm.name == "tc" and client.version() == 7
