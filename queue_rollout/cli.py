@@ -112,6 +112,22 @@ def _cmd_consume(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pause(config: Config, args: argparse.Namespace) -> int:
+    from .client import RolloutClient
+
+    RolloutClient.from_config(config).pause()
+    print(f"farm {config.farm.name} paused ({config.engine.pause_mode}); every live worker confirmed")
+    return 0
+
+
+def _cmd_resume(config: Config, args: argparse.Namespace) -> int:
+    from .client import RolloutClient
+
+    RolloutClient.from_config(config).resume()
+    print(f"farm {config.farm.name} resumed")
+    return 0
+
+
 def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
     from .errors import BadInput
     from .ledger import Ledger
@@ -203,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not raise the policy version after each batch")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds to wait for each batch (default 3600; then exit 3)")
+
+    add("pause", _cmd_pause,
+        "stop admission; return once every live worker has paused its replica (exit 3: timeout)")
+    add("resume", _cmd_resume, "undo pause")
 
     p = add("set-version", _cmd_set_version, "set the policy version")
     p.add_argument("version", type=int, metavar="N")

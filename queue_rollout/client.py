@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,60 @@ class RolloutClient:
         answer = self.ledger.ack(self.consumer, batch.id)
         if answer.ignored:
             raise BadInput(f"ack of batch {batch.id} refused: {answer.detail}")
+
+    # -- trainer controls ------------------------------------------------------------
+
+    def _live_workers(self) -> list[str]:
+        from .status import live_workers
+
+        return sorted(live_workers(self.ledger.client, self.ledger.keys, now=time.time(),
+                                   stale_after=3 * self.config.timeouts.lease))
+
+    def _await_acks(self, what: str, prefix: str, done: Callable[[bytes | None], bool]) -> None:
+        deadline = time.monotonic() + self.config.timeouts.pause_barrier
+        while True:
+            workers = self._live_workers()
+            answers = self.ledger.client.hmget(self.ledger.keys.acks,
+                                               [f"{prefix}:{w}" for w in workers]) if workers else []
+            missing = [w for w, a in zip(workers, answers) if not done(a)]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise BarrierTimeout(f"{what}: no answer within {self.config.timeouts.pause_barrier}s "
+                                     f"from {len(missing)} worker(s): {', '.join(missing)}")
+            time.sleep(0.05)
+
+    def pause(self) -> None:
+        """Stop admission and return once every live worker has paused its replica in
+        ``engine.pause_mode``; BarrierTimeout names the workers that did not answer."""
+        epoch = self.ledger.pause(self.config.engine.pause_mode)
+        self._await_acks("pause", "pause", lambda a: a is not None and int(a) >= epoch)
+
+    def resume(self) -> None:
+        """Clear the pause flag: admission resumes, workers resume their replicas."""
+        self.ledger.set_paused(False)
+
+    def update_weights(self, model_path: str, version: int) -> None:
+        """Pause, have every live worker load *model_path* into its replica, set the
+        policy version, resume. Raises naming the workers that failed or did not answer
+        (the farm then stays paused)."""
+        self.pause()
+        client, keys = self.ledger.client, self.ledger.keys
+        pipe = client.pipeline(transaction=True)  # workers see path, version and epoch together
+        pipe.hset(keys.control, mapping={"weights_path": model_path,
+                                         "weights_version": str(version)})
+        pipe.hincrby(keys.control, "weights_epoch", 1)
+        epoch = pipe.execute()[1]
+        self._await_acks("weight update", "weights",
+                         lambda a: a is not None and int(a.split()[0]) >= epoch)
+        workers = self._live_workers()
+        answers = client.hmget(keys.acks, [f"weights:{w}" for w in workers]) if workers else []
+        failed = [f"{w} ({a.decode().split(' ', 1)[1]})" for w, a in zip(workers, answers)
+                  if a is not None and not a.decode().endswith(" ok")]
+        if failed:
+            raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")
+        self.set_version(version)
+        self.resume()
 
     def version(self) -> int:
         return self.ledger.version()

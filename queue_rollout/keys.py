@@ -105,6 +105,17 @@ class Keys:
         return self._k("workers_seen")
 
     @property
+    def control(self) -> str:
+        """Hash of trainer requests to workers: weights_epoch, weights_path, weights_version."""
+        return self._k("control")
+
+    @property
+    def acks(self) -> str:
+        """Hash of worker answers: ``pause:<worker>`` -> epoch, ``weights:<worker>`` ->
+        ``<epoch> ok`` or ``<epoch> error: <why>``."""
+        return self._k("acks")
+
+    @property
     def leader(self) -> str:
         """Hash: the collector holding leadership, and until when."""
         return self._k("leader")
@@ -119,7 +130,7 @@ class Keys:
             self.counters, self.state, self.pending, self.prompts, self.groups,
             self.attempts, self.results, self.outbox, self.leases,
             self.doubt, self.events, self.ready, self.batches, self.workers,
-            self.workers_seen, self.leader,
+            self.workers_seen, self.leader, self.control, self.acks,
         ]
 
 

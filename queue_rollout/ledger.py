@@ -220,9 +220,14 @@ class Ledger:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
         return int(self._answer("set_version", [self.keys.state], version).detail)
 
-    def set_paused(self, paused: bool) -> bool:
+    def set_paused(self, paused: bool, mode: str = "in_place") -> bool:
         """Raise or clear the pause flag; returns the previous flag."""
-        return self._answer("set_paused", [self.keys.state], "1" if paused else "0").detail == "1"
+        reply = self._call("set_paused", [self.keys.state], "1" if paused else "0", mode)
+        return _s(reply[1]) == "1"
+
+    def pause(self, mode: str) -> int:
+        """Raise the pause flag; returns the new pause epoch workers acknowledge."""
+        return int(self._call("set_paused", [self.keys.state], "1", mode)[2])
 
     def lead(self, candidate: str, lease_s: float) -> tuple[bool, str]:
         """Take or renew collector leadership; returns (leading?, current holder)."""

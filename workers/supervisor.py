@@ -46,7 +46,7 @@ class Supervisor:
     gpu: int
     engine_url: str
     boot_id: str = ""
-    poll_s: float = 1.0
+    poll_s: float = 0.2
     children: list[_Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -54,6 +54,8 @@ class Supervisor:
         self.client = SGLangClient(self.engine_url, timeout=10)
         self.worker_id = f"{socket.gethostname()}-gpu{self.gpu}"
         self._stop = False
+        self._paused_epoch: int | None = None  # the pause epoch our replica is paused for
+        self._weights_epoch = 0  # the last weight update applied (0: none yet)
 
     # -- start -----------------------------------------------------------------------
 
@@ -119,6 +121,7 @@ class Supervisor:
                 self._keep_children()
                 try:
                     redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
+                    self._follow_controls(redis)
                     if time.monotonic() >= next_resolve:
                         resolve_doubt(ledger, self.client, self._current_boot(),
                                       min_age=self.config.timeouts.lease)
@@ -130,6 +133,35 @@ class Supervisor:
         finally:
             self._shutdown(redis)
         return 0
+
+    def _follow_controls(self, redis) -> None:
+        """Pause or resume the replica as the farm's pause flag says, and apply weight
+        updates; acknowledge each in ``acks`` (pause() and update_weights() wait)."""
+        paused, epoch, mode = redis.hmget(self.keys.state, "paused", "pause_epoch", "pause_mode")
+        if paused == b"1":
+            epoch_n = int(epoch or 0)
+            if self._paused_epoch != epoch_n:
+                self.client.pause((mode or b"in_place").decode())
+                self._paused_epoch = epoch_n
+                redis.hset(self.keys.acks, f"pause:{self.worker_id}", epoch_n)
+                log.info("worker %s: replica paused (epoch %d)", self.worker_id, epoch_n)
+        elif self._paused_epoch is not None:
+            self.client.resume()
+            self._paused_epoch = None
+            log.info("worker %s: replica resumed", self.worker_id)
+        w_epoch, path, version = redis.hmget(self.keys.control, "weights_epoch",
+                                             "weights_path", "weights_version")
+        if w_epoch is not None and int(w_epoch) > self._weights_epoch:
+            self._weights_epoch = int(w_epoch)
+            try:
+                self.client.update_weights_from_disk(
+                    path.decode(), weight_version=version.decode() if version else None,
+                    timeout=self.config.timeouts.pause_barrier)
+                answer = f"{self._weights_epoch} ok"
+            except EngineError as exc:
+                answer = f"{self._weights_epoch} error: {exc}"
+            redis.hset(self.keys.acks, f"weights:{self.worker_id}", answer)
+            log.info("worker %s: weights %s", self.worker_id, answer)
 
     def _current_boot(self) -> str:
         """The replica's boot id now (sim reports it; SGLang keeps the one given)."""

@@ -1,11 +1,18 @@
 -- set_paused.lua: raise or clear the pause flag. While it is raised nothing is admitted.
+-- Each raise starts a new pause epoch: workers acknowledge the epoch once their
+-- replica has paused in the given mode, which is what pause() waits for.
 --
--- KEYS[1] = state hash
+-- KEYS[1] = state hash (paused, pause_epoch, pause_mode)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = "1" to pause, "0" to resume
--- Returns {'paused' | 'resumed', previous flag}
+-- ARGV[3] = pause mode when pausing: "in_place" or "abort"
+-- Returns {'paused', previous flag, epoch} | {'resumed', previous flag}
 
 local previous = redis.call('HGET', KEYS[1], 'paused') or '0'
 redis.call('HSET', KEYS[1], 'paused', ARGV[2], 'paused_at', ARGV[1])
-if ARGV[2] == '1' then return {'paused', previous} end
+if ARGV[2] == '1' then
+  local epoch = redis.call('HINCRBY', KEYS[1], 'pause_epoch', 1)
+  redis.call('HSET', KEYS[1], 'pause_mode', ARGV[3])
+  return {'paused', previous, epoch}
+end
 return {'resumed', previous}

@@ -45,7 +45,7 @@ def farm_toml(tmp_path, redis_url) -> Path:
     path = tmp_path / "farm.toml"
     path.write_text(f'[farm]\nname = "w"\nredis_url = "{redis_url}"\n'
                     "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 10\n"
-                    "[engine]\nslots_per_replica = 2\n[timeouts]\nshutdown_grace = 2\nlease = 3\n")
+                    "[engine]\nslots_per_replica = 2\n[timeouts]\nshutdown_grace = 2\nlease = 3\npause_barrier = 2\n")
     return path
 
 
@@ -106,3 +106,30 @@ def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine,
     c = ledger.counters()
     assert c["retries:replica_restart"] == 1 and c["retries:lease_expired"] == 1
     assert c["doubtful"] == 0 and c["reserved"] == 2
+
+
+def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, farm_toml):
+    from queue_rollout.client import RolloutClient
+    from queue_rollout.errors import BarrierTimeout
+
+    client = RolloutClient.from_config(farm_toml)
+    sglang = SGLangClient(engine.url)
+    proc = start_worker(farm_toml, engine.url)
+    try:
+        assert "2 episode processes" in proc.stdout.readline()
+        client.pause()  # returns only once the worker paused its replica
+        assert sglang.server_info()["paused"] == "in_place" and client.ledger.paused()
+        client.resume()
+        wait_for(lambda: sglang.server_info()["paused"] is None, what="replica resumed")
+        client.update_weights("/models/step-3", 3)
+        assert sglang.server_info()["weight_version"] == "3"
+        assert client.version() == 3 and not client.ledger.paused()
+        wait_for(lambda: sglang.server_info()["paused"] is None, what="replica resumed")
+        # a worker that is registered and alive but never answers: the barrier names it
+        r.hset(client.ledger.keys.workers, "ghost-gpu9", json.dumps({"slots": 1}))
+        r.zadd(client.ledger.keys.workers_seen, {"ghost-gpu9": time.time() + 3600})
+        with pytest.raises(BarrierTimeout, match=r"1 worker\(s\): ghost-gpu9"):
+            client.pause()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
