@@ -160,11 +160,19 @@ def run_collector(config: Config) -> int:
 
     from .redis_conn import connect_config
 
+    from .metrics import FarmMetrics
+
     ledger = Ledger.from_config(connect_config(config), config)
     collector = Collector(ledger, config)
+    metrics = FarmMetrics(ledger, config)
+    port = metrics.serve()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"collector {collector.name} for farm {config.farm.name}", flush=True)
-    collector.run(stop)
+    print(f"collector {collector.name} for farm {config.farm.name}; metrics on "
+          f"http://{config.metrics.host}:{port}/metrics", flush=True)
+    try:
+        collector.run(stop)
+    finally:
+        metrics.close()
     return 0

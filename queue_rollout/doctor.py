@@ -60,6 +60,8 @@ def examine(client: redis.Redis, keys: Keys) -> Report:
         "rejected": states["rejected"],
         "consumed": states["consumed"],
         "admitted": len(groups),
+        "partial": sum(1 for g in groups.values()
+                       if g.state == "in_flight" and g.done > 0 and g.G > 1),
     }
     stored = {f.decode(): int(v) for f, v in client.hgetall(keys.counters).items()}
     report = Report(expected, stored)

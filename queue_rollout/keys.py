@@ -105,6 +105,11 @@ class Keys:
         return self._k("workers_seen")
 
     @property
+    def observations(self) -> str:
+        """Capped stream of histogram observations (episode_s, batch_interval_s, staleness)."""
+        return self._k("observations")
+
+    @property
     def control(self) -> str:
         """Hash of trainer requests to workers: weights_epoch, weights_path, weights_version."""
         return self._k("control")
@@ -130,7 +135,7 @@ class Keys:
             self.counters, self.state, self.pending, self.prompts, self.groups,
             self.attempts, self.results, self.outbox, self.leases,
             self.doubt, self.events, self.ready, self.batches, self.workers,
-            self.workers_seen, self.leader, self.control, self.acks,
+            self.workers_seen, self.leader, self.control, self.acks, self.observations,
         ]
 
 

@@ -156,7 +156,8 @@ class Ledger:
         k = self.keys
         return self._answer(
             "finish",
-            [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events],
+            [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
+             k.observations],
             aid, member, outcome, output_tokens, result,
         )
 
@@ -196,7 +197,7 @@ class Ledger:
         """Exactly B ready groups, or the consumer's unacknowledged batch again."""
         k = self.keys
         reply = self._call(
-            "pop_batch", [k.counters, k.state, k.groups, k.ready, k.batches],
+            "pop_batch", [k.counters, k.state, k.groups, k.ready, k.batches, k.observations],
             consumer, self.rollout.batch_size, uuid.uuid4().hex,
         )
         status = _s(reply[0])
@@ -208,7 +209,8 @@ class Ledger:
         k = self.keys
         return self._answer(
             "ack",
-            [k.counters, k.groups, k.batches, k.prompts, k.attempts, k.results],
+            [k.counters, k.groups, k.batches, k.prompts, k.attempts, k.results, k.state,
+             k.observations],
             consumer, batch_id,
         )
 

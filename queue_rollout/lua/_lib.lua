@@ -65,6 +65,8 @@ end
 -- and done count (doctor recomputes them so).
 local function episode_terminal(k, now, g, outcome)
   g.done = g.done + 1
+  if g.done == 1 and g.G > 1 then bump(k.counters, 'partial', 1) end
+  if g.done == g.G and g.G > 1 then bump(k.counters, 'partial', -1) end
   if outcome == 'failed' then
     g.failed = g.failed + 1
     bump(k.counters, 'failed', 1)
@@ -81,6 +83,11 @@ local function episode_terminal(k, now, g, outcome)
   end
   put_json(k.groups, g.id, g)
   return complete
+end
+
+-- One observation for the metrics exporter's histograms (a capped stream).
+local function observe(key, kind, value)
+  redis.call('XADD', key, 'MAXLEN', '~', 100000, '*', 'k', kind, 'v', value)
 end
 
 -- Delete a judged group's bulky detail (prompt, attempts, results); the small group

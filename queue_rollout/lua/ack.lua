@@ -7,6 +7,8 @@
 -- KEYS[4] = prompts hash
 -- KEYS[5] = attempts hash
 -- KEYS[6] = results hash
+-- KEYS[7] = state hash (version)
+-- KEYS[8] = observations stream (metrics)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = consumer id
 -- ARGV[3] = batch id
@@ -20,8 +22,10 @@ local batch = cjson.decode(raw)
 if batch.id ~= ARGV[3] then return ignored(counters, 'not the held batch') end
 
 local k = {prompts = KEYS[4], attempts = KEYS[5], results = KEYS[6]}
+local version = tonumber(redis.call('HGET', KEYS[7], 'version') or '0')
 for _, gid in ipairs(batch.groups) do
   local g = get_json(KEYS[2], gid)
+  observe(KEYS[8], 'staleness', version - g.version)
   g.state = 'consumed'
   g.consumed_at = now
   put_json(KEYS[2], gid, g)

@@ -11,6 +11,7 @@
 -- KEYS[5] = leases sorted set
 -- KEYS[6] = doubt sorted set
 -- KEYS[7] = events stream (group completions)
+-- KEYS[8] = observations stream (metrics)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = member index the worker ran
@@ -42,6 +43,7 @@ a.ended_at = now
 put_json(KEYS[2], aid, a)
 redis.call('HSET', KEYS[4], episode_field(a.g, a.m), ARGV[6])
 bump(counters, 'output_tokens', tonumber(ARGV[5]))
+if a.started_at then observe(KEYS[8], 'episode_s', now - a.started_at) end
 local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
 if episode_terminal(k, now, g, outcome) then
   return {'recorded', 'group_complete'}

@@ -6,6 +6,7 @@
 -- KEYS[3] = groups hash
 -- KEYS[4] = ready list of group ids
 -- KEYS[5] = batches hash (consumer -> unacknowledged batch JSON)
+-- KEYS[6] = observations stream (metrics)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = consumer id
 -- ARGV[3] = batch size B
@@ -29,4 +30,7 @@ local batch = cjson.encode({id = ARGV[4], consumer = consumer, groups = gids,
   version = version, delivered_at = now})
 redis.call('HSET', KEYS[5], consumer, batch)
 bump(KEYS[1], 'batches', 1)
+local last = redis.call('HGET', KEYS[2], 'last_batch_at')
+if last then observe(KEYS[6], 'batch_interval_s', now - tonumber(last)) end
+redis.call('HSET', KEYS[2], 'last_batch_at', now)
 return {'delivered', batch}

@@ -348,6 +348,10 @@ class LedgerMachine(RuleBasedStateMachine):
         g = self.groups[e.gid]
         e.state = outcome
         g.done += 1
+        if g.G > 1 and g.done == 1:
+            self.c["partial"] += 1  # admitted groups with some members ended
+        if g.G > 1 and g.done == g.G:
+            self.c["partial"] -= 1
         if outcome == "failed":
             g.failed += 1
         self.c[outcome] += 1
