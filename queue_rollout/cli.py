@@ -85,6 +85,12 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
     return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
 
 
+def _cmd_up(config: Config, args: argparse.Namespace) -> int:
+    from .up import run_up
+
+    return run_up(config)
+
+
 def _cmd_collector(config: Config, args: argparse.Namespace) -> int:
     from .collector import run_collector
 
@@ -202,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=128, help="prompt groups (default 128)")
     p.add_argument("--batches", type=int, default=6,
                    help="batches trained on (with a pause each) before the drain (default 6)")
+
+    add("up", _cmd_up, "a whole local farm in the foreground (embedded Redis, sim replicas, "
+        "workers, collector) until Ctrl-C")
 
     add("collector", _cmd_collector,
         "the collector: admission, outbox, group judgement, reconciler (leader-elected)")

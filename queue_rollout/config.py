@@ -177,6 +177,28 @@ def decode_config(data: bytes | str, source: str = "config") -> Config:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
 
 
+def to_toml(config: Config) -> str:
+    """The config as TOML that :func:`decode_config` reads back unchanged."""
+    import json
+
+    def section(name: str, values: dict) -> list[str]:
+        lines = [f"[{name}]"]
+        nested = []
+        for key, value in values.items():
+            if isinstance(value, dict):
+                nested.append((f"{name}.{key}", value))
+            elif value is not None:
+                lines.append(f"{key} = {json.dumps(value)}")  # JSON literals are TOML here
+        for sub, sub_values in nested:
+            lines += ["", *section(sub, sub_values)]
+        return lines
+
+    out: list[str] = []
+    for name, values in msgspec.to_builtins(config).items():
+        out += [*section(name, values), ""]
+    return "\n".join(out)
+
+
 def load_config(path: str | Path | None) -> Config:
     """The built-in defaults when *path* is None, else the TOML file at *path*."""
     if path is None:

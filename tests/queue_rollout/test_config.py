@@ -135,3 +135,14 @@ def test_toml_syntax_and_missing_files(tmp_path):
         decode_config("[rollout\n")
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_to_toml_round_trips():
+    from queue_rollout.config import to_toml
+
+    config = decode_config('[farm]\nname = "x"\nredis_url = "redis://a:b\\"c@h:1/0"\n'
+                           '[rollout]\nmax_concurrent_samples = "auto"\n'
+                           '[workflow.sampling]\ntop_k = 20\nstop = ["</s>"]\n'
+                           '[engine]\nsglang_args = ["--x", "1"]\n')
+    assert decode_config(to_toml(config)) == config
+    assert decode_config(to_toml(Config())) == Config()

@@ -1,0 +1,151 @@
+"""``queue-rollout up``: a whole local farm in the foreground until Ctrl-C.
+
+An embedded Redis when ``farm.redis_url`` is empty (its URL written under
+``state_dir`` for the other commands), ``engine.replicas`` simulated replicas when
+``engine.kind = "sim"`` (else the replicas at ``engine.urls``), one worker per replica
+(restarted with backoff if it dies, so every replica keeps someone to resolve its
+doubt), and the collector with its metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from .collector import Collector
+from .config import Config, to_toml
+from .embedded import EmbeddedRedis, free_port
+from .errors import ConfigError
+from .ledger import Ledger
+from .metrics import FarmMetrics
+from .redis_conn import connect
+
+log = logging.getLogger(__name__)
+
+
+def _exe() -> str:
+    return shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
+
+
+@dataclass
+class _Managed:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+    def keep(self) -> None:
+        now = time.monotonic()
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        if self.proc is not None:
+            log.warning("%s exited (%s); restarting", self.name, self.proc.returncode)
+            self.restarts += 1
+            self.next_start = now + min(30.0, 0.5 * 2 ** min(self.restarts, 6))
+            self.proc = None
+        if now >= self.next_start:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL)
+
+    def stop(self, timeout: float) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class LocalFarm:
+    config: Config
+    config_path: Path
+    redis: EmbeddedRedis | None = None
+    engines: list[_Managed] = field(default_factory=list)
+    workers: list[_Managed] = field(default_factory=list)
+
+    def start(self) -> str:
+        c = self.config
+        url = c.farm.redis_url
+        if not url:
+            self.redis = EmbeddedRedis(c.farm.state_dir)
+            url = self.redis.start()
+            # the children find this Redis through the config we hand them
+            self.config = msgspec.structs.replace(
+                c, farm=msgspec.structs.replace(c.farm, redis_url=url))
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(to_toml(self.config))
+        urls = self._replica_urls()
+        for gpu, engine_url in enumerate(urls):
+            self.workers.append(_Managed(
+                f"worker gpu{gpu}", [_exe(), "worker", "--gpu", str(gpu), "--engine-url",
+                                     engine_url, "-c", str(self.config_path)]))
+        return url
+
+    def _replica_urls(self) -> list[str]:
+        e = self.config.engine
+        if e.kind == "sglang":
+            if not e.urls:
+                raise ConfigError("engine.urls: `up` with engine.kind = \"sglang\" needs the "
+                                  "replicas' URLs (or use `queue-rollout node`)")
+            return list(e.urls)
+        urls = []
+        for i in range(e.replicas):
+            port = free_port()
+            self.engines.append(_Managed(f"sim replica {i}", [
+                _exe(), "sim-engine", "--port", str(port), "--slots", str(e.slots_per_replica),
+                "--step-ms", str(e.step_ms), "--step-ms-per-request", str(e.step_ms_per_request),
+                "-c", str(self.config_path)]))
+            urls.append(f"http://127.0.0.1:{port}")
+        return urls
+
+    def keep(self) -> None:
+        for m in (*self.engines, *self.workers):
+            m.keep()
+
+    def stop(self) -> None:
+        grace = self.config.timeouts.shutdown_grace + 30
+        for m in self.workers:
+            m.stop(grace)
+        for m in self.engines:
+            m.stop(10)
+        if self.redis is not None:
+            self.redis.stop()
+
+
+def run_up(config: Config, *, stop: threading.Event | None = None) -> int:
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    farm = LocalFarm(config, Path(config.farm.state_dir) / "up.toml")
+    url = farm.start()
+    try:
+        ledger = Ledger.from_config(connect(url, config.farm.redis_ca_file), farm.config)
+        collector = Collector(ledger, farm.config)
+        metrics = FarmMetrics(ledger, farm.config)
+        port = metrics.serve()
+        farm.keep()
+        print(f"farm {config.farm.name} up: redis {url}, {len(farm.workers)} workers, "
+              f"metrics http://{config.metrics.host}:{port}/metrics; Ctrl-C stops it",
+              flush=True)
+        thread = threading.Thread(target=collector.run, args=(stop,), daemon=True,
+                                  name="collector")
+        thread.start()
+        while not stop.wait(0.5):
+            farm.keep()
+        thread.join(10)
+        metrics.close()
+    finally:
+        farm.stop()
+    return 0
