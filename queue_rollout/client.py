@@ -117,7 +117,11 @@ class RolloutClient:
             if raw is None:  # failed after max_attempts: no output
                 members.append(Member(m, [], [], [], None, "failed", "no result"))
                 continue
-            r = decode_result(raw, cap)
+            try:
+                r = decode_result(raw, cap)
+            except BadInput as exc:  # accepted under max_failed_members: a failed member
+                members.append(Member(m, [], [], [], None, "failed", str(exc)))
+                continue
             members.append(Member(m, r.output_ids, r.logprobs, r.versions(), r.reward,
                                   r.finish_reason, r.error))
         prompt = self.ledger.prompt(group_id)

@@ -20,7 +20,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 
 import redis
@@ -31,7 +30,8 @@ from .dispatch import flush_outbox
 from .keys import EVENTS_GROUP, episode_field
 from .ledger import Ledger
 from .reconciler import Reconciler
-from .results import decode_result
+from .errors import BadInput
+from .results import EpisodeResult, decode_result
 from .status import live_workers
 
 log = logging.getLogger(__name__)
@@ -127,15 +127,27 @@ class Collector:
         raw_prompt = self.ledger.prompt(group_id)
         raws = self.ledger.client.hmget(self.keys.results,
                                         [episode_field(group_id, m) for m in range(group.G)])
-        cap = self.config.limits.max_result_bytes
+        results = [self._result(group_id, m, raw) for m, raw in enumerate(raws)]
+        unreadable = sum(1 for raw, res in zip(raws, results) if raw is not None and res is None)
         view = GroupView(group_id, json.loads(raw_prompt) if raw_prompt else {},
-                         group.failed, [decode_result(r, cap) if r else None for r in raws])
+                         group.failed + unreadable, results)
         reason, detail = verdict(view, self.config.acceptance, self.plugin)
         answer = self.ledger.judge(group_id, accept=not reason, reason=reason, entry_id=entry_id)
         if not answer.ignored:
             report.judged[group_id] = reason
             if reason:
                 log.info("group %s rejected: %s (%s)", group_id, reason, detail)
+
+    def _result(self, group_id: str, member: int, raw: bytes | None) -> EpisodeResult | None:
+        """A member's result; one that cannot be decoded counts as a failed member
+        (rather than blocking the collector on every step)."""
+        if raw is None:
+            return None
+        try:
+            return decode_result(raw, self.config.limits.max_result_bytes)
+        except BadInput as exc:
+            log.warning("group %s member %d: unreadable result: %s", group_id, member, exc)
+            return None
 
     # -- the loop --------------------------------------------------------------------
 

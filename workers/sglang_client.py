@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -106,7 +105,7 @@ class SGLangClient:
             raise ValueError("generate needs input_ids or text")
         try:
             status, raw = self._request("POST", "/generate", body, timeout)
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise GenerateUncertain(f"{self.url}/generate rid {rid}: timed out") from exc
         except ConnectionRefusedError as exc:
             # nothing was sent: the request never reached the replica

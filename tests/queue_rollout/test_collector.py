@@ -126,3 +126,16 @@ def test_a_restarted_collector_judges_what_it_read_but_did_not_finish_once(r, cl
     assert r.xpending(ledger.keys.events, EVENTS_GROUP)["pending"] == 0
     assert new.step().judged == {}
     assert ledger.counters()["accepted"] == 2
+
+
+def test_an_unreadable_result_does_not_block_the_collector(r, clock, caplog):
+    ledger, config = make(r, clock, acceptance={"reject_zero_variance": True})
+    submit(ledger, 1)
+    collector = Collector(ledger, config, name="c1")
+    collector.step()
+    a0, a1 = attempts(ledger, "p0")
+    play(ledger, a0, 1.0)
+    ledger.start(a1, "w", "r", "b", 30)
+    ledger.finish(a1, 1, b"\xc1 not msgpack", output_tokens=1)
+    assert collector.step().judged == {"p0": "failed_members"}  # unreadable counts as failed
+    assert "group p0 member 1: unreadable result" in caplog.text

@@ -13,7 +13,6 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import pytest
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
