@@ -80,9 +80,13 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    if args.virtual:
+        from .demo import run_demo
 
-    return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
+        return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
+    from .demo_stack import run_stack_demo
+
+    return run_stack_demo(config, out=sys.stdout)
 
 
 def _cmd_up(config: Config, args: argparse.Namespace) -> int:
@@ -203,11 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("demo", _cmd_demo,
-            "zero-config demo: both admission modes on a long-tail prompt set, "
-            "the real ledger on an embedded Redis, simulated replicas in virtual time")
-    p.add_argument("--prompts", type=int, default=128, help="prompt groups (default 128)")
+            "zero-config demo: both admission modes on a long-tail prompt set through the "
+            "real stack (embedded Redis, simulated replicas, workers, collector, trainer)")
+    p.add_argument("--virtual", action="store_true",
+                   help="instead: the reference shape (128 slots, 128 groups) in virtual "
+                        "time, the real ledger deciding")
+    p.add_argument("--prompts", type=int, default=128, help="--virtual: prompt groups (128)")
     p.add_argument("--batches", type=int, default=6,
-                   help="batches trained on (with a pause each) before the drain (default 6)")
+                   help="--virtual: batches trained on before the drain (default 6)")
 
     add("up", _cmd_up, "a whole local farm in the foreground (embedded Redis, sim replicas, "
         "workers, collector) until Ctrl-C")

@@ -123,6 +123,22 @@ class LocalFarm:
             self.redis.stop()
 
 
+def wait_for_workers(ledger: Ledger, farm: LocalFarm, stop: threading.Event,
+                      timeout: float = 120.0) -> None:
+    """Until every worker has registered (so `up` prints its line when the farm works)."""
+    from .status import live_workers
+
+    deadline = time.monotonic() + timeout
+    while not stop.is_set() and time.monotonic() < deadline:
+        alive = live_workers(ledger.client, ledger.keys, now=time.time(),
+                             stale_after=3 * farm.config.timeouts.lease)
+        if len(alive) >= len(farm.workers):
+            return
+        farm.keep()
+        time.sleep(0.2)
+    log.warning("not every worker registered within %.0fs", timeout)
+
+
 def run_up(config: Config, *, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -136,6 +152,7 @@ def run_up(config: Config, *, stop: threading.Event | None = None) -> int:
         metrics = FarmMetrics(ledger, farm.config)
         port = metrics.serve()
         farm.keep()
+        wait_for_workers(ledger, farm, stop)
         print(f"farm {config.farm.name} up: redis {url}, {len(farm.workers)} workers, "
               f"metrics http://{config.metrics.host}:{port}/metrics; Ctrl-C stops it",
               flush=True)

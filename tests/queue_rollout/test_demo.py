@@ -41,7 +41,7 @@ def test_reference_long_tail_shape_in_both_modes(r):
         assert (c["reserved"], c["in_flight"], c["consumed"]) == (0, 0, 128)
 
 
-def test_demo_prints_progress_and_a_summary(redis_url):
+def test_the_virtual_demo_prints_progress_and_a_summary(redis_url):
     out = io.StringIO()
     config = Config()
     assert run_demo(config, prompts=32, batches=1, out=out) == 0
@@ -49,3 +49,20 @@ def test_demo_prints_progress_and_a_summary(redis_url):
     assert "sample refill    [##############################]   32/32 groups" in text
     assert "groups accepted                               32            32" in text
     assert "all-work completion (s)" in text and "slot occupancy" in text
+
+
+def test_the_stack_demo_runs_both_modes_through_real_processes():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+    done = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "sample [" in out and "groups consumed" in out  # progress lines
+    assert "groups accepted                        32             32" in out
+    assert "batches                                 8              8" in out
+    for row in ("mean rollout interval (s)", "mean active episodes", "slot occupancy"):
+        assert row in out
