@@ -10,6 +10,7 @@ doubt), and the collector with its metrics endpoint.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import signal
 import subprocess
@@ -23,8 +24,8 @@ import msgspec
 
 from .collector import Collector
 from .config import Config, to_toml
-from .embedded import EmbeddedRedis, free_port
-from .errors import ConfigError
+from .embedded import EmbeddedRedis
+from .errors import ConfigError, QueueRolloutError
 from .ledger import Ledger
 from .metrics import FarmMetrics
 from .redis_conn import connect
@@ -101,12 +102,20 @@ class LocalFarm:
             return list(e.urls)
         urls = []
         for i in range(e.replicas):
-            port = free_port()
-            self.engines.append(_Managed(f"sim replica {i}", [
-                _exe(), "sim-engine", "--port", str(port), "--slots", str(e.slots_per_replica),
-                "--step-ms", str(e.step_ms), "--step-ms-per-request", str(e.step_ms_per_request),
-                "-c", str(self.config_path)]))
-            urls.append(f"http://127.0.0.1:{port}")
+            argv = [_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
+                    "--step-ms", str(e.step_ms), "--step-ms-per-request",
+                    str(e.step_ms_per_request), "-c", str(self.config_path)]
+            # the engine binds a free port itself and says which: no port can be taken
+            # between choosing and binding it; a restart asks for the same port again
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            line = proc.stdout.readline() if proc.stdout else ""
+            match = re.search(r"http://[\d.]+:(\d+)", line)
+            if not match:
+                proc.kill()
+                raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
+            argv[3] = match.group(1)
+            self.engines.append(_Managed(f"sim replica {i}", argv, proc=proc))
+            urls.append(f"http://127.0.0.1:{match.group(1)}")
         return urls
 
     def keep(self) -> None:
