@@ -58,3 +58,40 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
         up.send_signal(signal.SIGINT)
         assert up.wait(90) == 0
     assert not (state / "redis.url").exists()
+
+
+def run_reference_scenario(tmp_path: Path, mode: str) -> str:
+    """DESIGN's reference scenario through the CLI: G=4, 8 slots over 2 simulated
+    replicas, B=1; two groups of 2 short + 2 long members, then one of short members.
+    Returns the id of the first group delivered."""
+    limit = ("max_concurrent_samples = 8" if mode == "sample"
+             else "max_concurrent_rollouts = 2")
+    toml = tmp_path / f"{mode}.toml"
+    toml.write_text(f'[farm]\nname = "ref-{mode}"\nstate_dir = "{tmp_path / mode}"\n'
+                    f"[rollout]\ngroup_size = 4\nbatch_size = 1\n{limit}\n"
+                    "[engine]\nreplicas = 2\nslots_per_replica = 4\nstep_ms = 0.5\n"
+                    "step_ms_per_request = 0.0\n"
+                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
+    prompts = tmp_path / f"{mode}.jsonl"
+    short, long = 40, 4000  # 20 ms and 2 s of decoding
+    rows = [{"id": "first", "member_lengths": [short, short, long, long]},
+            {"id": "second", "member_lengths": [short, long, short, long]},
+            {"id": "third", "member_lengths": [short] * 4}]
+    prompts.write_text("".join(json.dumps({**row, "prompt": "x"}) + "\n" for row in rows))
+    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "farm ref-" in up.stdout.readline()
+        assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
+        consumed = cli("consume", "--batches", "3", "--json", "-c", str(toml))
+        assert consumed.returncode == 0, consumed.stderr
+        order = [json.loads(x)["groups"][0]["id"] for x in consumed.stdout.splitlines()]
+        assert sorted(order) == ["first", "second", "third"]  # each delivered once, whole
+        return order[0]
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0
+
+
+def test_reference_scenario_sample_refill_delivers_the_short_group_first(tmp_path):
+    assert run_reference_scenario(tmp_path, "sample") == "third"
+    assert run_reference_scenario(tmp_path, "group") != "third"
