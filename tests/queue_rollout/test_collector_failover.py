@@ -1,0 +1,70 @@
+"""kill -9 of the leading collector mid-run: the standby takes over and the run ends
+with every group delivered once, counters exact and doctor clean."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from queue_rollout import RolloutClient
+from queue_rollout.doctor import examine
+from queue_rollout.embedded import free_port
+from queue_rollout.workers.sim_engine import ThreadedSimEngine
+
+EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+
+
+def test_standby_takes_over_after_the_leader_is_killed(tmp_path, redis_url, r):
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "fo"\nredis_url = "{redis_url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 4\n"
+                    "max_staleness = 100\n[engine]\nslots_per_replica = 2\n"
+                    "[timeouts]\nleader_lease = 1\nshutdown_grace = 2\n")
+    procs: list[subprocess.Popen] = []
+
+    def spawn(*args: str, port: int | None = None) -> subprocess.Popen:
+        cfg = toml
+        if port is not None:  # each collector serves metrics on its own port
+            cfg = tmp_path / f"farm-{port}.toml"
+            cfg.write_text(toml.read_text() + f"[metrics]\nport = {port}\n")
+        proc = subprocess.Popen([EXE, *args, "-c", str(cfg)], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        proc.stdout.readline()
+        return proc
+
+    client = RolloutClient.from_config(toml)
+    with ThreadedSimEngine(slots=2, step_ms=1.0) as engine:
+        try:
+            spawn("worker", "--gpu", "0", "--engine-url", engine.url)
+            leader = spawn("collector", port=free_port())
+            time.sleep(0.5)
+            spawn("collector", port=free_port())  # the standby
+            client.submit([{"id": f"g{i:02d}", "prompt": "x", "member_lengths": [100, 300]}
+                           for i in range(16)])
+            delivered = []
+            for k in range(8):
+                batch = client.get_batch(timeout=120)
+                delivered += [g.id for g in batch.groups]
+                assert all(len(m.output_ids) == (100, 300)[m.member]
+                           for g in batch.groups for m in g.members)
+                client.ack(batch)
+                if k == 2:
+                    os.kill(leader.pid, signal.SIGKILL)
+                    leader.wait(5)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(60)
+    assert sorted(delivered) == [f"g{i:02d}" for i in range(16)]  # each once
+    c = client.ledger.counters()
+    assert (c["admitted"], c["accepted"], c["consumed"], c["finished"]) == (16, 16, 16, 32)
+    assert (c["reserved"], c.get("in_flight", 0)) == (0, 0)
+    assert examine(r, client.ledger.keys).ok
+    assert client.status()["groups"]["consumed"] == 16
