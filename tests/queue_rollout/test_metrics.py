@@ -74,3 +74,21 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
         assert metrics._server.server_address[0] == "127.0.0.1"
     finally:
         metrics.close()
+
+
+def test_the_exposition_passes_promtool_check_metrics(r, clock):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian's prometheus package; .ci/run installs it)")
+    config = msgspec.convert({"farm": {"name": "pm"}}, Config)
+    ledger = Ledger(r, "pm", config.rollout, clock=clock)
+    ledger.submit([("p0", b'{"prompt": "x"}')])
+    Collector(ledger, config, name="c").step()
+    text = FarmMetrics(ledger, config).exposition()
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+    assert check.returncode == 0, (check.stdout + check.stderr).decode()
