@@ -143,3 +143,41 @@ def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
     assert f"queue_rollout_groups_accepted_total {float(g['accepted'])}" in metrics
     assert f"queue_rollout_groups_consumed_total {float(g['consumed'])}" in metrics
     assert f"queue_rollout_sample_slots_reserved {float(status['reserved'])}" in metrics
+
+
+def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(tmp_path):
+    from queue_rollout import RolloutClient
+
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "st"\nstate_dir = "{tmp_path / "state"}"\n'
+                    "[rollout]\ngroup_size = 4\nbatch_size = 1\nmax_concurrent_samples = 8\n"
+                    "max_staleness = 10\n"
+                    "[engine]\nreplicas = 2\nslots_per_replica = 4\nstep_ms = 0.5\n"
+                    "step_ms_per_request = 0.0\n"
+                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
+    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "farm st up" in up.stdout.readline()
+        client = RolloutClient.from_config(toml)
+        straggle = [40, 40, 40, 16000]  # one member decodes for 8 s
+        client.submit([{"id": "slow1", "prompt": "x", "member_lengths": straggle},
+                       {"id": "slow2", "prompt": "x", "member_lengths": straggle}]
+                      + [{"id": f"fast{i}", "prompt": "x", "member_lengths": [40] * 4}
+                         for i in range(4)])
+        first = client.get_batch(timeout=60)
+        assert first.groups[0].id.startswith("fast")  # delivered while the stragglers run
+        client.ack(first)
+        client.pause()  # returns once replicas paused: the stragglers are not awaited
+        assert client.ledger.group("slow1").state == "in_flight"
+        assert client.ledger.group("slow2").state == "in_flight"
+        client.resume()
+        seen = [first.groups[0].id]
+        while len(seen) < 6:
+            batch = client.get_batch(timeout=120)
+            seen.append(batch.groups[0].id)
+            client.ack(batch)
+        assert sorted(seen) == sorted(["slow1", "slow2"] + [f"fast{i}" for i in range(4)])
+        assert set(seen[-2:]) == {"slow1", "slow2"}  # the stragglers' groups came last
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0
