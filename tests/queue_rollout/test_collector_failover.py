@@ -1,5 +1,5 @@
-"""kill -9 of the leading collector mid-run: the standby takes over and the run ends
-with every group delivered once, counters exact and doctor clean."""
+"""kill -9 of the leading collector mid-run (a standby takes over, or it is restarted):
+every group delivered once, counters exact, doctor clean. And "auto" capacity."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from queue_rollout import RolloutClient
 from queue_rollout.doctor import examine
 from queue_rollout.embedded import free_port
@@ -19,7 +21,8 @@ from queue_rollout.workers.sim_engine import ThreadedSimEngine
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
 
-def test_standby_takes_over_after_the_leader_is_killed(tmp_path, redis_url, r):
+@pytest.mark.parametrize("recovery", ["standby", "restart"])
+def test_the_leader_killed_mid_run_is_replaced(tmp_path, redis_url, r, recovery):
     toml = tmp_path / "farm.toml"
     toml.write_text(f'[farm]\nname = "fo"\nredis_url = "{redis_url}"\n'
                     "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 4\n"
@@ -42,8 +45,9 @@ def test_standby_takes_over_after_the_leader_is_killed(tmp_path, redis_url, r):
         try:
             spawn("worker", "--gpu", "0", "--engine-url", engine.url)
             leader = spawn("collector", port=free_port())
-            time.sleep(0.5)
-            spawn("collector", port=free_port())  # the standby
+            if recovery == "standby":
+                time.sleep(0.5)
+                spawn("collector", port=free_port())  # waits for the leader's lease
             client.submit([{"id": f"g{i:02d}", "prompt": "x", "member_lengths": [100, 300]}
                            for i in range(16)])
             delivered = []
@@ -56,6 +60,8 @@ def test_standby_takes_over_after_the_leader_is_killed(tmp_path, redis_url, r):
                 if k == 2:
                     os.kill(leader.pid, signal.SIGKILL)
                     leader.wait(5)
+                    if recovery == "restart":
+                        spawn("collector", port=free_port())
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -68,3 +74,46 @@ def test_standby_takes_over_after_the_leader_is_killed(tmp_path, redis_url, r):
     assert (c["reserved"], c.get("in_flight", 0)) == (0, 0)
     assert examine(r, client.ledger.keys).ok
     assert client.status()["groups"]["consumed"] == 16
+
+
+def test_auto_capacity_grows_when_a_third_worker_joins(tmp_path, redis_url, r):
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "auto"\nredis_url = "{redis_url}"\n'
+                    '[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = "auto"\n'
+                    "max_staleness = 100\n[engine]\nslots_per_replica = 2\n"
+                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
+    client = RolloutClient.from_config(toml)
+    procs: list[subprocess.Popen] = []
+
+    def spawn(*args: str) -> None:
+        proc = subprocess.Popen([EXE, *args, "-c", str(toml)], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        proc.stdout.readline()
+
+    def wait_status(pred, what: str, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while not pred(s := client.status()):
+            assert time.monotonic() < deadline, f"{what}: {s}"
+            time.sleep(0.1)
+        return s
+
+    engines = [ThreadedSimEngine(slots=2, step_ms=2.0) for _ in range(3)]
+    try:
+        for gpu in (0, 1):
+            spawn("worker", "--gpu", str(gpu), "--engine-url", engines[gpu].url)
+        spawn("collector")
+        client.submit([{"id": f"a{i:02d}", "prompt": "x", "member_lengths": [5000, 5000]}
+                       for i in range(12)])  # 10 s episodes: slots stay busy
+        wait_status(lambda s: s["capacity"] == 4 and s["active_episodes"] == 4, "two workers")
+        assert client.status()["reserved"] == 4
+        spawn("worker", "--gpu", "2", "--engine-url", engines[2].url)
+        s = wait_status(lambda s: s["capacity"] == 6 and s["active_episodes"] == 6,
+                        "the third worker's slots in use")
+        assert s["workers"] == {"alive": 3, "slots": 6} and s["reserved"] == 6
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(60)
+        for engine in engines:
+            engine.close()
