@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -21,6 +20,7 @@ from types import TracebackType
 import redis
 
 from .errors import EmbeddedRedisError
+from .procs import stop_all
 from .redis_conn import url_file
 
 log = logging.getLogger(__name__)
@@ -162,13 +162,8 @@ class EmbeddedRedis:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (redis flushes its AOF and exits), SIGKILL if it lingers."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_all([self.proc], timeout)
         if self.proc is not None and self.proc.stderr:
             self.proc.stderr.close()
         self.proc = None

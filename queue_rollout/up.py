@@ -28,6 +28,7 @@ from .embedded import EmbeddedRedis
 from .errors import ConfigError, QueueRolloutError
 from .ledger import Ledger
 from .metrics import FarmMetrics
+from .procs import Supervised, stop_all
 from .redis_conn import connect
 
 log = logging.getLogger(__name__)
@@ -38,42 +39,12 @@ def _exe() -> str:
 
 
 @dataclass
-class _Managed:
-    name: str
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    next_start: float = 0.0
-
-    def keep(self) -> None:
-        now = time.monotonic()
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        if self.proc is not None:
-            log.warning("%s exited (%s); restarting", self.name, self.proc.returncode)
-            self.restarts += 1
-            self.next_start = now + min(30.0, 0.5 * 2 ** min(self.restarts, 6))
-            self.proc = None
-        if now >= self.next_start:
-            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL)
-
-    def stop(self, timeout: float) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@dataclass
 class LocalFarm:
     config: Config
     config_path: Path
     redis: EmbeddedRedis | None = None
-    engines: list[_Managed] = field(default_factory=list)
-    workers: list[_Managed] = field(default_factory=list)
+    engines: list[Supervised] = field(default_factory=list)
+    workers: list[Supervised] = field(default_factory=list)
 
     def start(self) -> str:
         c = self.config
@@ -88,7 +59,7 @@ class LocalFarm:
         self.config_path.write_text(to_toml(self.config))
         urls = self._replica_urls()
         for gpu, engine_url in enumerate(urls):
-            self.workers.append(_Managed(
+            self.workers.append(Supervised(
                 f"worker gpu{gpu}", [_exe(), "worker", "--gpu", str(gpu), "--engine-url",
                                      engine_url, "-c", str(self.config_path)]))
         return url
@@ -114,7 +85,7 @@ class LocalFarm:
                 proc.kill()
                 raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
             argv[3] = match.group(1)
-            self.engines.append(_Managed(f"sim replica {i}", argv, proc=proc))
+            self.engines.append(Supervised(f"sim replica {i}", argv, proc=proc))
             urls.append(f"http://127.0.0.1:{match.group(1)}")
         return urls
 
@@ -123,11 +94,8 @@ class LocalFarm:
             m.keep()
 
     def stop(self) -> None:
-        grace = self.config.timeouts.shutdown_grace + 30
-        for m in self.workers:
-            m.stop(grace)
-        for m in self.engines:
-            m.stop(10)
+        stop_all((m.proc for m in self.workers if m.proc), self.config.timeouts.shutdown_grace + 30)
+        stop_all((m.proc for m in self.engines if m.proc), 10)
         if self.redis is not None:
             self.redis.stop()
 

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from queue_rollout.config import Config
 from queue_rollout.errors import ConfigError, RedisUnavailable
 from queue_rollout.keys import Keys
 from queue_rollout.ledger import Ledger
+from queue_rollout.procs import Supervised, stop_all
 from queue_rollout.redis_conn import connect_config
 
 from .resolver import resolve_doubt
@@ -33,21 +33,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Child:
-    index: int
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    next_start: float = 0.0
-
-
-@dataclass
 class Supervisor:
     config: Config
     gpu: int
     engine_url: str
     boot_id: str = ""
     poll_s: float = 0.2
-    children: list[_Child] = field(default_factory=list)
+    children: list[Supervised] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.farm.name)
@@ -80,28 +72,13 @@ class Supervisor:
 
     # -- children --------------------------------------------------------------------
 
-    def _spawn(self, child: _Child) -> None:
+    def _child(self, index: int) -> Supervised:
         spec = WorkerSpec(config=self.config, worker_id=self.worker_id,
-                          engine_url=self.engine_url, boot_id=self.boot_id, index=child.index)
-        child.proc = subprocess.Popen(
-            # -P: never import from the working directory (a source tree there would shadow)
-            [sys.executable, "-P", "-m", "queue_rollout.workers.rq_worker"], env=spec_env(spec))
-        log.info("worker %s: episode process %d started (pid %d)", self.worker_id,
-                 child.index, child.proc.pid)
-
-    def _keep_children(self) -> None:
-        now = time.monotonic()
-        for child in self.children:
-            if child.proc is not None and child.proc.poll() is None:
-                continue
-            if child.proc is not None:
-                log.warning("worker %s: episode process %d exited (%s); restarting",
-                            self.worker_id, child.index, child.proc.returncode)
-                child.restarts += 1
-                child.next_start = now + min(30.0, 0.5 * 2 ** min(child.restarts, 6))
-                child.proc = None
-            if now >= child.next_start:
-                self._spawn(child)
+                          engine_url=self.engine_url, boot_id=self.boot_id, index=index)
+        # -P: never import from the working directory (a source tree there would shadow)
+        return Supervised(f"worker {self.worker_id}: episode process {index}",
+                          [sys.executable, "-P", "-m", "queue_rollout.workers.rq_worker"],
+                          env=spec_env(spec))
 
     # -- the loop --------------------------------------------------------------------
 
@@ -110,7 +87,7 @@ class Supervisor:
         ledger = Ledger.from_config(redis, self.config)
         self.wait_for_replica()
         self.register(redis)
-        self.children = [_Child(i) for i in range(self.config.engine.slots_per_replica)]
+        self.children = [self._child(i) for i in range(self.config.engine.slots_per_replica)]
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         print(f"worker {self.worker_id}: {len(self.children)} episode processes on "
@@ -118,7 +95,8 @@ class Supervisor:
         next_resolve = 0.0
         try:
             while not self._stop:
-                self._keep_children()
+                for child in self.children:
+                    child.keep()
                 try:
                     redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
                     self._follow_controls(redis)
@@ -174,16 +152,8 @@ class Supervisor:
         self._stop = True
 
     def _shutdown(self, redis) -> None:
-        procs = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.timeouts.shutdown_grace + 30
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all((c.proc for c in self.children if c.proc),
+                 self.config.timeouts.shutdown_grace + 30)
         try:
             redis.hdel(self.keys.workers, self.worker_id)
             redis.zrem(self.keys.workers_seen, self.worker_id)

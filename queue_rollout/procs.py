@@ -1,0 +1,52 @@
+"""Child processes: stop them cleanly, and keep supervised ones running."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+def stop_all(procs: Iterable[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM every live process, wait for all up to *timeout* in total, SIGKILL the
+    ones still there."""
+    live = [p for p in procs if p.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in live:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Supervised:
+    """A child that is restarted with backoff (0.5 s doubling to 30 s) when it exits."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+    def keep(self) -> None:
+        now = time.monotonic()
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        if self.proc is not None:
+            log.warning("%s exited (%s); restarting", self.name, self.proc.returncode)
+            self.restarts += 1
+            self.next_start = now + min(30.0, 0.5 * 2 ** min(self.restarts, 6))
+            self.proc = None
+        if now >= self.next_start:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
+            log.info("%s started (pid %d)", self.name, self.proc.pid)
