@@ -130,14 +130,6 @@ class Keys:
         """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
         return f"qr-{self.farm}-episodes"
 
-    def all_farm_keys(self) -> list[str]:
-        return [
-            self.counters, self.state, self.pending, self.prompts, self.groups,
-            self.attempts, self.results, self.outbox, self.leases,
-            self.doubt, self.events, self.ready, self.batches, self.workers,
-            self.workers_seen, self.leader, self.control, self.acks, self.observations,
-        ]
-
 
 def episode_field(group_id: str, member: int) -> str:
     """Field of an episode's result in the results hash (as _lib.lua builds it)."""

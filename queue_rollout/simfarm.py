@@ -73,7 +73,6 @@ class SimReport:
     all_work_s: float
     mean_active: float
     output_tokens: int
-    accepted_in_window: int
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -89,13 +88,6 @@ class SimReport:
     @property
     def slot_occupancy(self) -> float:
         return self.mean_active / self.slots
-
-    @property
-    def accepted_groups_per_hour(self) -> float:
-        if len(self.ready_times) < 2:
-            return math.nan
-        window = self.ready_times[min(5, len(self.ready_times) - 1)] - self.ready_times[0]
-        return self.accepted_in_window / window * 3600 if window > 0 else math.nan
 
 
 class SimFarm:
@@ -119,7 +111,6 @@ class SimFarm:
         self.accepted = self.rejected = 0
         self.ready_times: list[float] = []
         self.pause_ends: list[float] = []
-        self.accept_times: list[float] = []
         self.output_tokens = 0
         self._active_area = 0.0
         self._gen_time = 0.0
@@ -160,14 +151,7 @@ class SimFarm:
             all_work_s=last_complete - self._t0,
             mean_active=self._active_area / self._gen_time if self._gen_time else 0.0,
             output_tokens=self.output_tokens,
-            accepted_in_window=self._accepted_in_window(),
         )
-
-    def _accepted_in_window(self) -> int:
-        if len(self.ready_times) < 2:
-            return 0
-        lo, hi = self.ready_times[0], self.ready_times[min(5, len(self.ready_times) - 1)]
-        return sum(1 for t in self.accept_times if lo < t <= hi)
 
     def _admit_and_place(self) -> None:
         while True:
@@ -206,7 +190,6 @@ class SimFarm:
             return False
         verdict = self.ledger.judge(r.group_id, accept=True)
         self.accepted += verdict.status == "accepted"
-        self.accept_times.append(self.clock.now)
         self.done_groups += 1
         return True
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from queue_rollout.embedded import free_port
@@ -19,22 +21,39 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def write_farm(path: Path, name: str, state: Path, *, rollout: str, slots: int,
+               metrics_port: int, extra: str = "", step_ms_per_request: float = 0.0) -> Path:
+    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding."""
+    path.write_text(f'[farm]\nname = "{name}"\nstate_dir = "{state}"\n'
+                    f"[rollout]\n{rollout}\n{extra}"
+                    f"[engine]\nreplicas = 2\nslots_per_replica = {slots}\nstep_ms = 0.5\n"
+                    f"step_ms_per_request = {step_ms_per_request}\n"
+                    f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
+    return path
+
+
+@contextlib.contextmanager
+def farm_up(toml: Path) -> Iterator[str]:
+    """`queue-rollout up` in the background, yielding the line it announces itself
+    with; Ctrl-C at the end must stop it cleanly."""
+    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield up.stdout.readline()
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0
+
+
 def test_up_runs_a_farm_the_other_commands_find(tmp_path):
     state = tmp_path / "state"
     metrics_port = free_port()
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "up"\nstate_dir = "{state}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n"
-                    "[engine]\nreplicas = 2\nslots_per_replica = 2\nstep_ms = 0.5\n"
-                    "step_ms_per_request = 0.0\n"
-                    f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
+    toml = write_farm(tmp_path / "farm.toml", "up", state, slots=2, metrics_port=metrics_port,
+                      rollout="group_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "x",
                                            "member_lengths": [40, 80]}) + "\n"
                                for i in range(8)))
-    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
-    try:
-        line = up.stdout.readline()
+    with farm_up(toml) as line:
         assert "farm up up: redis redis://127.0.0.1:" in line and "2 workers" in line
         assert (state / "redis.url").exists()
         assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
@@ -54,9 +73,6 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                          timeout=5).read().decode()
         assert "queue_rollout_groups_consumed_total 4.0" in metrics
-    finally:
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0
     assert not (state / "redis.url").exists()
 
 
@@ -66,30 +82,23 @@ def run_reference_scenario(tmp_path: Path, mode: str) -> str:
     Returns the id of the first group delivered."""
     limit = ("max_concurrent_samples = 8" if mode == "sample"
              else "max_concurrent_rollouts = 2")
-    toml = tmp_path / f"{mode}.toml"
-    toml.write_text(f'[farm]\nname = "ref-{mode}"\nstate_dir = "{tmp_path / mode}"\n'
-                    f"[rollout]\ngroup_size = 4\nbatch_size = 1\n{limit}\n"
-                    "[engine]\nreplicas = 2\nslots_per_replica = 4\nstep_ms = 0.5\n"
-                    "step_ms_per_request = 0.0\n"
-                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
+    toml = write_farm(tmp_path / f"{mode}.toml", f"ref-{mode}", tmp_path / mode, slots=4,
+                      metrics_port=free_port(),
+                      rollout=f"group_size = 4\nbatch_size = 1\n{limit}")
     prompts = tmp_path / f"{mode}.jsonl"
     short, long = 40, 4000  # 20 ms and 2 s of decoding
     rows = [{"id": "first", "member_lengths": [short, short, long, long]},
             {"id": "second", "member_lengths": [short, long, short, long]},
             {"id": "third", "member_lengths": [short] * 4}]
     prompts.write_text("".join(json.dumps({**row, "prompt": "x"}) + "\n" for row in rows))
-    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert "farm ref-" in up.stdout.readline()
+    with farm_up(toml) as line:
+        assert "farm ref-" in line
         assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
         consumed = cli("consume", "--batches", "3", "--json", "-c", str(toml))
         assert consumed.returncode == 0, consumed.stderr
         order = [json.loads(x)["groups"][0]["id"] for x in consumed.stdout.splitlines()]
         assert sorted(order) == ["first", "second", "third"]  # each delivered once, whole
         return order[0]
-    finally:
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0
 
 
 def test_reference_scenario_sample_refill_delivers_the_short_group_first(tmp_path):
@@ -99,13 +108,12 @@ def test_reference_scenario_sample_refill_delivers_the_short_group_first(tmp_pat
 
 def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
     metrics_port = free_port()
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "zv"\nstate_dir = "{tmp_path / "state"}"\n'
-                    "[rollout]\ngroup_size = 4\nbatch_size = 2\nmax_concurrent_samples = 8\n"
-                    "max_staleness = 0\n[acceptance]\nreject_zero_variance = true\n"
-                    '[workflow]\nname = "math"\n[workflow.sampling]\nmax_new_tokens = 64\n'
-                    "[engine]\nreplicas = 2\nslots_per_replica = 4\nstep_ms = 0.5\n"
-                    f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
+    toml = write_farm(
+        tmp_path / "farm.toml", "zv", tmp_path / "state", slots=4, metrics_port=metrics_port,
+        step_ms_per_request=0.2,
+        rollout="group_size = 4\nbatch_size = 2\nmax_concurrent_samples = 8\nmax_staleness = 0",
+        extra='[acceptance]\nreject_zero_variance = true\n'
+              '[workflow]\nname = "math"\n[workflow.sampling]\nmax_new_tokens = 64\n')
     # always right: zero variance; always wrong: zero variance; 0.5: mixed rewards
     rows = ([{"id": f"easy{i}", "p_correct": 1.0} for i in range(3)]
             + [{"id": f"hard{i}", "p_correct": 0.0} for i in range(3)]
@@ -113,9 +121,8 @@ def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({**row, "prompt": "2+2?", "answer": "4"}) + "\n"
                                for row in rows))
-    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert "farm zv up" in up.stdout.readline()
+    with farm_up(toml) as line:
+        assert "farm zv up" in line
         assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
         # a budget of (0 + 0 + 1) * 2 = 2 groups: the rejected ones must give it back,
         # or no batch of mixed groups could ever be admitted
@@ -134,9 +141,6 @@ def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
             status = json.loads(cli("status", "--json", "-c", str(toml)).stdout)
             if status == before:
                 break
-    finally:
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0
     g = status["groups"]
     assert g["rejected"] >= 1  # easy/hard groups came first (FIFO) and were rejected
     assert f'groups_rejected_total{{reason="zero_variance"}} {float(g["rejected"])}' in metrics
@@ -148,16 +152,11 @@ def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
 def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(tmp_path):
     from queue_rollout import RolloutClient
 
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "st"\nstate_dir = "{tmp_path / "state"}"\n'
-                    "[rollout]\ngroup_size = 4\nbatch_size = 1\nmax_concurrent_samples = 8\n"
-                    "max_staleness = 10\n"
-                    "[engine]\nreplicas = 2\nslots_per_replica = 4\nstep_ms = 0.5\n"
-                    "step_ms_per_request = 0.0\n"
-                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
-    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert "farm st up" in up.stdout.readline()
+    toml = write_farm(
+        tmp_path / "farm.toml", "st", tmp_path / "state", slots=4, metrics_port=free_port(),
+        rollout="group_size = 4\nbatch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 10")
+    with farm_up(toml) as line:
+        assert "farm st up" in line
         client = RolloutClient.from_config(toml)
         straggle = [40, 40, 40, 16000]  # one member decodes for 8 s
         client.submit([{"id": "slow1", "prompt": "x", "member_lengths": straggle},
@@ -178,6 +177,3 @@ def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(t
             client.ack(batch)
         assert sorted(seen) == sorted(["slow1", "slow2"] + [f"fast{i}" for i in range(4)])
         assert set(seen[-2:]) == {"slow1", "slow2"}  # the stragglers' groups came last
-    finally:
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0
