@@ -22,7 +22,6 @@ from typing import Any
 
 from .config import Config, load_config
 from .errors import BadInput, BarrierTimeout
-from .keys import episode_field
 from .ledger import Ledger
 from .prompts import check_prompt
 from .redis_conn import connect_config, mask_url, resolve_url
@@ -92,25 +91,24 @@ class RolloutClient:
             raise BadInput(f"nothing submitted; ids already known to the farm: {answer.detail}")
         return int(answer.detail)
 
-    def get_batch(self, timeout: float | None = None) -> Batch:
+    def get_batch(self, timeout: float | None = None, max_poll_s: float = 0.5) -> Batch:
         """Wait for exactly B complete, accepted groups (or this consumer's unacknowledged
-        batch); raises BarrierTimeout after *timeout* seconds."""
+        batch); raises BarrierTimeout after *timeout* seconds. The ledger is polled at
+        intervals growing from 20 ms to *max_poll_s*."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.02
+        delay = min(0.02, max_poll_s)
         while (delivery := self.ledger.pop_batch(self.consumer)) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise BarrierTimeout(f"no batch of {self.config.rollout.batch_size} groups "
                                      f"within {timeout:g}s")
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            delay = min(delay * 1.5, max_poll_s)
         return Batch(delivery.batch.id, delivery.batch.version,
                      [self._group(gid) for gid in delivery.batch.groups], delivery.redelivered)
 
     def _group(self, group_id: str) -> Group:
-        record = self.ledger.group(group_id)
+        record, prompt, raws = self.ledger.group_with_results(group_id)
         assert record is not None
-        raws = self.ledger.client.hmget(self.ledger.keys.results,
-                                        [episode_field(group_id, m) for m in range(record.G)])
         cap = self.config.limits.max_result_bytes
         members = []
         for m, raw in enumerate(raws):
@@ -124,7 +122,6 @@ class RolloutClient:
                 continue
             members.append(Member(m, r.output_ids, r.logprobs, r.versions(), r.reward,
                                   r.finish_reason, r.error))
-        prompt = self.ledger.prompt(group_id)
         return Group(group_id, json.loads(prompt) if prompt else {}, members)
 
     def ack(self, batch: Batch) -> None:

@@ -27,7 +27,7 @@ import redis
 from .acceptance import GroupView, load_plugin, verdict
 from .config import Config
 from .dispatch import flush_outbox
-from .keys import EVENTS_GROUP, episode_field
+from .keys import EVENTS_GROUP
 from .ledger import Ledger
 from .reconciler import Reconciler
 from .errors import BadInput
@@ -120,13 +120,10 @@ class Collector:
                 self._judge(fields[b"group"].decode(), entry_id.decode(), report)
 
     def _judge(self, group_id: str, entry_id: str, report: StepReport) -> None:
-        group = self.ledger.group(group_id)
+        group, raw_prompt, raws = self.ledger.group_with_results(group_id)
         if group is None or group.state != "complete":  # judged already: just acknowledge
             self.ledger.judge(group_id, accept=True, entry_id=entry_id)
             return
-        raw_prompt = self.ledger.prompt(group_id)
-        raws = self.ledger.client.hmget(self.keys.results,
-                                        [episode_field(group_id, m) for m in range(group.G)])
         results = [self._result(group_id, m, raw) for m, raw in enumerate(raws)]
         unreadable = sum(1 for raw, res in zip(raws, results) if raw is not None and res is None)
         view = GroupView(group_id, json.loads(raw_prompt) if raw_prompt else {},

@@ -114,6 +114,7 @@ class EngineConfig(_Section):
     urls: list[str] = msgspec.field(default_factory=list)
     replicas: PosInt = 8
     slots_per_replica: PosInt = 16
+    threads_per_process: PosInt = 1  # a worker's episode slots per process (threads)
     step_ms: PosFloat = 4.5
     step_ms_per_request: NonNegFloat = 0.2
     pause_mode: Literal["in_place", "abort"] = "in_place"

@@ -1,7 +1,7 @@
 """``queue-rollout demo``: the real stack, both admission modes, side by side.
 
 An embedded Redis, 2 simulated replicas with 8 slots each, one worker per replica
-(8 episode processes each), the collector, and a trainer that takes each batch, pauses
+(8 episode workers each), the collector, and a trainer that takes each batch, pauses
 the farm (barrier), "trains" for ``TRAIN_S``, raises the policy version and resumes.
 The prompt set is the long-tail profile at a small scale: per group of 4, three short
 episodes and one long one (its position rotating by prompt). It runs group admission,

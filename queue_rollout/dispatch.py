@@ -4,16 +4,18 @@
 step that reserves its slot, so a crash never loses an attempt. :func:`flush_outbox`
 enqueues each one as an RQ job whose id *is* the attempt id and whose payload is that
 id alone (JSON serializer), then removes it from the outbox. A crash between the two
-leaves the id in the outbox; the next flush finds the job already there (RQ's
-``unique`` enqueue, atomic) or the attempt no longer queued, and enqueues nothing
-twice. Should a job still run twice, ``start.lua`` lets only one claim win.
+leaves the id in the outbox; the next flush finds the job already there or the attempt
+no longer queued, and enqueues nothing twice. The jobs of one flush go to RQ in one
+pipeline (a deep outbox costs one round trip, not one per job); should two flushes
+race (a leader change) and a job still be enqueued twice, ``start.lua`` lets only one
+claim win.
 """
 
 from __future__ import annotations
 
 import redis
 from rq import Queue
-from rq.exceptions import DuplicateJobError
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from .keys import EPISODE_JOB_FUNC, Keys
@@ -30,20 +32,24 @@ def episode_queue(client: redis.Redis, keys: Keys) -> Queue:
 
 def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000) -> int:
     """Enqueue up to *limit* outbox attempts; returns how many jobs were enqueued."""
-    queue = episode_queue(client, keys)
-    enqueued = 0
-    for raw in client.lrange(keys.outbox, 0, limit - 1):
-        aid = raw.decode()
-        record = client.hget(keys.attempts, aid)
-        if record is not None and decode_attempt(record).state == "queued":
-            try:
-                queue.enqueue_call(
-                    EPISODE_JOB_FUNC, args=(aid,), job_id=aid, unique=True,
-                    timeout=-1, result_ttl=JOB_RESULT_TTL, failure_ttl=JOB_RESULT_TTL,
-                    description=f"episode attempt {aid}",
-                )
-                enqueued += 1
-            except DuplicateJobError:
-                pass
-        client.lrem(keys.outbox, 1, aid)
-    return enqueued
+    ids = [raw.decode() for raw in client.lrange(keys.outbox, 0, limit - 1)]
+    if not ids:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(keys.attempts, ids)
+    for aid in ids:
+        pipe.exists(Job.key_for(aid))
+    records, *exists = pipe.execute()
+    fresh = [aid for aid, record, there in zip(ids, records, exists)
+             if record is not None and not there and decode_attempt(record).state == "queued"]
+    if fresh:
+        queue = episode_queue(client, keys)
+        queue.enqueue_many([Queue.prepare_data(
+            EPISODE_JOB_FUNC, args=(aid,), job_id=aid, timeout=-1,
+            result_ttl=JOB_RESULT_TTL, failure_ttl=JOB_RESULT_TTL,
+            description=f"episode attempt {aid}") for aid in fresh])
+    pipe = client.pipeline(transaction=False)  # only once every job is in RQ
+    for aid in ids:
+        pipe.lrem(keys.outbox, 1, aid)
+    pipe.execute()
+    return len(fresh)

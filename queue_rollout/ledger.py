@@ -64,6 +64,8 @@ class Start:
     group_id: str = ""
     member: int = -1
     attempt_number: int = 0
+    prompt: bytes | None = None  # the group's prompt JSON, read in the same step
+    version: int = 0  # the policy version when the attempt started
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +134,13 @@ class Ledger:
         """Claim a queued attempt for *worker* before anything is sent to the replica."""
         k = self.keys
         reply = self._call(
-            "start", [k.counters, k.attempts, k.leases],
+            "start", [k.counters, k.attempts, k.leases, k.prompts, k.state],
             aid, worker, replica, boot, repr(float(lease_s)),
         )
         if _s(reply[0]) == "started":
-            return Start("started", "", _s(reply[1]), int(reply[2]), int(reply[3]))
+            prompt = reply[4] if isinstance(reply[4], bytes) else str(reply[4]).encode()
+            return Start("started", "", _s(reply[1]), int(reply[2]), int(reply[3]),
+                         prompt or None, int(reply[5]))
         return Start("ignored", _s(reply[1]))
 
     def progress(self, aid: str, worker: str, seq: int, lease_s: float, tokens: int = 0) -> Answer:
@@ -274,6 +278,22 @@ class Ledger:
     def attempt(self, aid: str) -> AttemptRecord | None:
         raw = self.client.hget(self.keys.attempts, aid)
         return decode_attempt(raw) if raw else None
+
+    def group_with_results(self, group_id: str
+                           ) -> tuple[GroupRecord | None, bytes | None, list[bytes | None]]:
+        """The group's record, prompt and members' results in one round trip."""
+        k, g = self.keys, self.rollout.group_size
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hget(k.groups, group_id)
+        pipe.hget(k.prompts, group_id)
+        pipe.hmget(k.results, [episode_field(group_id, m) for m in range(g)])
+        with translate_errors(self._url):
+            raw, prompt, results = pipe.execute()
+        record = decode_group(raw) if raw is not None else None
+        if record is not None and record.G != g:  # recorded under another group size
+            results = self.client.hmget(k.results,
+                                        [episode_field(group_id, m) for m in range(record.G)])
+        return record, prompt, results
 
     def result(self, group_id: str, member: int) -> bytes | None:
         return self.client.hget(self.keys.results, episode_field(group_id, member))

@@ -6,7 +6,10 @@ gone wrong and says so:
 
 - a running attempt whose lease expired becomes doubtful (``lease_expired``);
 - a queued attempt with no RQ job anywhere (neither in the outbox nor in RQ) is handed
-  to the outbox again: nothing ran, so nothing is in doubt;
+  to the outbox again: nothing ran, so nothing is in doubt. Only attempts queued for
+  longer than a lease are looked at: a lost job is rare (RQ's data lost with Redis)
+  and not urgent, and a farm with a deep queue would otherwise pay a few round trips
+  per queued attempt on every scan;
 - an attempt doubtful for longer than ``timeouts.doubt`` is declared lost and retried,
   loudly (a warning and ``retries:doubt_timeout``); a late result from it is ignored.
 """
@@ -62,22 +65,35 @@ class Reconciler:
         return report
 
     def _requeue_lost_jobs(self) -> list[str]:
-        """Queued attempts whose RQ job vanished (or ended without starting them)."""
-        ledger, keys = self.ledger, self.ledger.keys
-        in_outbox = {raw.decode() for raw in ledger.client.lrange(keys.outbox, 0, -1)}
+        """Queued attempts whose RQ job vanished (or ended without starting them).
+
+        Each suspect is checked in the order that makes the check race-free: the
+        outbox first (flush enqueues the job before it leaves the outbox, so an attempt
+        not in the outbox has had its job), then the job, then the attempt again (a
+        job that ran has started its attempt before it ended)."""
+        keys, client = self.ledger.keys, self.ledger.client
+        in_outbox = {raw.decode() for raw in client.lrange(keys.outbox, 0, -1)}
+        queued_before = self.ledger.clock() - self.config.timeouts.lease
         requeued = []
-        for raw, record in ledger.client.hscan_iter(keys.attempts, count=1000):
+        for raw, record in client.hscan_iter(keys.attempts, count=1000):
             aid = raw.decode()
-            if aid in in_outbox or decode_attempt(record).state != "queued":
+            attempt = decode_attempt(record)
+            if (aid in in_outbox or attempt.state != "queued"
+                    or attempt.created_at > queued_before):
                 continue
-            job = (Job.fetch(aid, connection=ledger.client, serializer=JSONSerializer)
-                   if Job.exists(aid, ledger.client) else None)
+            if client.lpos(keys.outbox, aid) is not None:
+                continue  # admitted after the snapshot: not flushed yet
+            job = (Job.fetch(aid, connection=client, serializer=JSONSerializer)
+                   if Job.exists(aid, client) else None)
             if job is not None and not (job.is_finished or job.is_failed or job.is_stopped
                                         or job.is_canceled):
                 continue  # waiting in RQ, or being picked up
+            now_record = client.hget(keys.attempts, aid)
+            if now_record is None or decode_attempt(now_record).state != "queued":
+                continue  # its job started it meanwhile
             if job is not None:
                 job.delete()
-            ledger.client.rpush(keys.outbox, aid)
+            client.rpush(keys.outbox, aid)
             log.warning("attempt %s: its RQ job was lost; handed to the outbox again", aid)
             requeued.append(aid)
         return requeued

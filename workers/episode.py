@@ -51,11 +51,14 @@ class AttemptStopped(Exception):
 
 @dataclass
 class _Live:
-    """What the heartbeat thread and the episode share for one attempt."""
+    """What the lease thread and the episode share for one attempt."""
 
     aid: str
     rid: str = ""
     tokens: int = 0
+    version: int | None = None  # the policy version read when the attempt started
+    seq: int = 0
+    next_beat: float = 0.0  # monotonic time of the next lease renewal
     superseded: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -72,6 +75,12 @@ class AttemptRunner:
         self.workflow = workflow
         self.sleep = sleep
         self.stop_deadline: float | None = None  # set on shutdown: grace ends here
+        # One lease thread per runner, started with its first attempt: it renews the
+        # attempt in flight (a runner runs one at a time) every lease / 3.
+        self._lock = threading.Lock()
+        self._live: _Live | None = None
+        self._wake = threading.Event()
+        self._beat: threading.Thread | None = None
 
     # -- public ----------------------------------------------------------------------
 
@@ -87,21 +96,26 @@ class AttemptRunner:
         if start.status != "started":
             log.info("attempt %s: ignored (%s)", aid, start.reason)
             return "ignored"
-        live = _Live(aid, rid=aid)
-        beat = threading.Thread(target=self._heartbeat, args=(live,), daemon=True,
-                                name=f"lease-{aid[:8]}")
-        beat.start()
+        live = _Live(aid, rid=aid, version=start.version,
+                     next_beat=time.monotonic() + self.config.timeouts.lease / 3)
+        with self._lock:
+            self._live = live
+            if self._beat is None:
+                self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                              name="lease")
+                self._beat.start()
+        self._wake.set()
         try:
-            return self._episode(live, start.group_id, start.member)
+            return self._episode(live, start.group_id, start.member, start.prompt)
         finally:
-            live.done.set()
-            beat.join()
+            with self._lock:  # no renewal of this attempt starts after this
+                live.done.set()
+                self._live = None
 
     # -- the episode -----------------------------------------------------------------
 
-    def _episode(self, live: _Live, group_id: str, member: int) -> str:
+    def _episode(self, live: _Live, group_id: str, member: int, raw: bytes | None) -> str:
         aid = live.aid
-        raw = self.ledger.prompt(group_id)
         prompt: dict[str, Any] = json.loads(raw) if raw else {"id": group_id}
         ctx = EpisodeContext(
             prompt=prompt, member=member,
@@ -146,7 +160,10 @@ class AttemptRunner:
             if self._stopping(live):
                 raise AttemptStopped
             live.rid = base if piece == 0 else f"{base}-r{piece}"
-            version = self.ledger.version()
+            if live.version is not None:  # read with the start: no round trip
+                version, live.version = live.version, None
+            else:
+                version = self.ledger.version()
             call_params = {**params, "max_new_tokens": budget - len(ids)}
             if input_ids is not None:
                 gen = self.client.generate(live.rid, input_ids=input_ids + ids,
@@ -189,23 +206,39 @@ class AttemptRunner:
 
     # -- the lease -------------------------------------------------------------------
 
-    def _heartbeat(self, live: _Live) -> None:
+    def _heartbeat(self) -> None:
+        """The runner's lease thread: renews the attempt in flight every lease / 3."""
         lease = self.config.timeouts.lease
-        seq = 0
-        while not live.done.wait(lease / 3):
-            seq += 1
-            try:
-                answer = self.ledger.progress(live.aid, self.worker_id, seq, lease, live.tokens)
-            except RedisUnavailable as exc:
-                log.warning("attempt %s: heartbeat failed: %s", live.aid, exc)
+        while True:
+            with self._lock:
+                live = self._live
+                delay = (None if live is None or live.done.is_set()
+                         else live.next_beat - time.monotonic())
+            if delay is None or delay > 0:
+                self._wake.wait(delay)
+                self._wake.clear()
                 continue
-            if answer.ignored and answer.detail != "duplicate progress":
-                log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid, answer.detail)
-                live.superseded.set()
-                self._abort_quietly(live)
-                return
-            if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
-                self._abort_quietly(live)
+            with self._lock:  # the episode cannot end (and report) mid-renewal
+                if live.done.is_set():
+                    continue
+                live.next_beat = time.monotonic() + lease / 3
+                self._renew(live, lease)
+
+    def _renew(self, live: _Live, lease: float) -> None:
+        live.seq += 1
+        try:
+            answer = self.ledger.progress(live.aid, self.worker_id, live.seq, lease, live.tokens)
+        except RedisUnavailable as exc:
+            log.warning("attempt %s: heartbeat failed: %s", live.aid, exc)
+            return
+        if answer.ignored and answer.detail != "duplicate progress":
+            log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid, answer.detail)
+            live.superseded.set()
+            live.done.set()  # nothing more to renew
+            self._abort_quietly(live)
+            return
+        if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
+            self._abort_quietly(live)
 
     def _abort_quietly(self, live: _Live) -> None:
         try:

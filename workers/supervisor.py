@@ -2,8 +2,8 @@
 
 The supervisor checks its replica, registers the worker in the farm (its slots count
 toward ``max_concurrent_samples = "auto"``), keeps ``engine.slots_per_replica``
-:class:`~.rq_worker.EpisodeWorker` processes running (a dead one is restarted with
-backoff), settles its replica's doubtful attempts at start and periodically, and on
+episode workers (:class:`~.rq_worker.EpisodeWorker`) running, ``engine.threads_per_process`` to a
+process (a dead process is restarted with backoff), settles its replica's doubtful attempts at start and periodically, and on
 SIGTERM passes the signal on, waits for the episodes' grace period, and deregisters.
 """
 
@@ -38,7 +38,7 @@ class Supervisor:
     gpu: int
     engine_url: str
     boot_id: str = ""
-    poll_s: float = 0.2
+    poll_s: float = 0.05  # pause, resume and weight controls are seen this fast
     children: list[Supervised] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -72,9 +72,16 @@ class Supervisor:
 
     # -- children --------------------------------------------------------------------
 
-    def _child(self, index: int) -> Supervised:
+    def _children(self) -> list[Supervised]:
+        """``slots_per_replica`` episode workers in processes of ``threads_per_process``."""
+        slots, per = self.config.engine.slots_per_replica, self.config.engine.threads_per_process
+        return [self._child(i, min(per, slots - start))
+                for i, start in enumerate(range(0, slots, per))]
+
+    def _child(self, index: int, threads: int) -> Supervised:
         spec = WorkerSpec(config=self.config, worker_id=self.worker_id,
-                          engine_url=self.engine_url, boot_id=self.boot_id, index=index)
+                          engine_url=self.engine_url, boot_id=self.boot_id, index=index,
+                          threads=threads)
         # -P: never import from the working directory (a source tree there would shadow)
         return Supervised(f"worker {self.worker_id}: episode process {index}",
                           [sys.executable, "-P", "-m", "queue_rollout.workers.rq_worker"],
@@ -87,10 +94,11 @@ class Supervisor:
         ledger = Ledger.from_config(redis, self.config)
         self.wait_for_replica()
         self.register(redis)
-        self.children = [self._child(i) for i in range(self.config.engine.slots_per_replica)]
+        self.children = self._children()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        print(f"worker {self.worker_id}: {len(self.children)} episode processes on "
+        print(f"worker {self.worker_id}: {self.config.engine.slots_per_replica} episode slots in "
+              f"{len(self.children)} processes on "
               f"{self.engine_url} (boot {self.boot_id})", flush=True)
         next_resolve = 0.0
         try:

@@ -6,7 +6,8 @@ rid, the episode's seed and the pause handling, and records every output token w
 its policy version. The workflow returns the reward (or None).
 
 Built in: ``controlled_length`` (member m produces exactly ``member_lengths[m]`` tokens,
-``ignore_eos``; the count is checked) and ``math`` (reward 1 when the final answer,
+``ignore_eos``; the count is checked), ``noop`` (no model call: the control plane
+alone, for the benchmark) and ``math`` (reward 1 when the final answer,
 from the last ``\\boxed{}`` or else the last number, equals the prompt's ``answer``).
 Any other name is a plugin, ``package.module:factory``; ``factory(config)`` returns an
 object with ``run(ctx) -> float | None``.
@@ -140,9 +141,17 @@ class Math:
                                     ctx.prompt.get("answer")) else 0.0
 
 
+class NoOp:
+    """Calls no replica and returns no reward: the farm's control plane alone (bench)."""
+
+    def run(self, ctx: EpisodeContext) -> float | None:
+        return None
+
+
 BUILT_IN: dict[str, Callable[[Config], Workflow]] = {
     "controlled_length": lambda config: ControlledLength(),
     "math": lambda config: Math(),
+    "noop": lambda config: NoOp(),
 }
 
 

@@ -4,13 +4,17 @@
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
 -- KEYS[3] = leases sorted set (attempt id -> lease expiry)
+-- KEYS[4] = prompts hash (group id -> prompt JSON)
+-- KEYS[5] = state hash (version, paused)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = worker id
 -- ARGV[4] = replica (engine URL or name)
 -- ARGV[5] = replica boot id
 -- ARGV[6] = lease length (seconds)
--- Returns {'started', gid, member, attempt number} | {'ignored', reason}
+-- Returns {'started', gid, member, attempt number, prompt JSON or '', policy version}
+--       | {'ignored', reason}
+-- (the prompt and the version come along so the worker needs no more round trips)
 
 local counters = KEYS[1]
 local now, aid = tonumber(ARGV[1]), ARGV[2]
@@ -32,4 +36,6 @@ a.tokens = 0
 put_json(KEYS[2], aid, a)
 redis.call('ZADD', KEYS[3], a.lease, aid)
 bump(counters, 'running', 1)
-return {'started', a.g, a.m, a.n}
+local prompt = redis.call('HGET', KEYS[4], a.g) or ''
+local version = redis.call('HGET', KEYS[5], 'version') or '0'
+return {'started', a.g, a.m, a.n, prompt, version}

@@ -58,6 +58,9 @@ def test_a_queued_attempt_whose_job_vanished_goes_back_to_the_outbox(r, clock):
     assert rec.tick().requeued == []  # both waiting in RQ
     queue = episode_queue(r, ledger.keys)
     queue.fetch_job(a).delete()  # lost (e.g. RQ data lost with Redis)
+    clock.now += 29
+    assert rec.tick().requeued == []  # queued for less than a lease: not looked at yet
+    clock.now += 2
     assert rec.tick().requeued == [a]
     assert flush_outbox(r, ledger.keys) == 1
     assert sorted(queue.job_ids) == sorted([a, b])

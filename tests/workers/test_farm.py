@@ -60,7 +60,7 @@ class Farm:
                       for i, e in enumerate(self.engines)]
         stack.callback(self.stop)
         for p in self.procs:
-            assert "episode processes" in p.stdout.readline()
+            assert "episode slots" in p.stdout.readline()
 
     def stop(self) -> None:
         for p in self.procs:

@@ -64,7 +64,7 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
     ledger = Ledger.from_config(r, config)
     proc = start_worker(farm_toml, engine.url)
     try:
-        assert "2 episode processes" in proc.stdout.readline()
+        assert "2 episode slots in 2 processes" in proc.stdout.readline()
         wait_for(lambda: len(rq_workers(r)) == 2, what="2 RQ workers")
         record = json.loads(next(iter(r.hgetall(ledger.keys.workers).values())))
         assert record["slots"] == 2 and record["replica"] == engine.url
@@ -88,6 +88,31 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     assert r.hlen(ledger.keys.workers) == 0
+
+
+def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, engine, farm_toml):
+    farm_toml.write_text(farm_toml.read_text().replace(
+        "slots_per_replica = 2\n", "slots_per_replica = 2\nthreads_per_process = 2\n"))
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    proc = start_worker(farm_toml, engine.url)
+    try:
+        assert "2 episode slots in 1 processes" in proc.stdout.readline()
+        wait_for(lambda: len(rq_workers(r)) == 2, what="2 RQ workers")
+        assert len({w.pid for w in rq_workers(r)}) == 1  # two threads of one process
+        ledger.submit([("p", json.dumps({"id": "p", "prompt": "x",
+                                         "member_lengths": [1500, 1500]}).encode())])
+        assert ledger.admit().status == "admitted"
+        assert flush_outbox(r, ledger.keys) == 2
+        wait_for(lambda: ledger.counters().get("running", 0) == 2, what="2 running at once")
+        proc.send_signal(signal.SIGTERM)  # within the grace (2 s) both episodes finish
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    c = ledger.counters()
+    assert c.get("finished", 0) == 2 and c.get("reserved", 0) == 0
+    assert rq_workers(r) == []  # every thread deregistered from RQ
 
 
 def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine, farm_toml):
@@ -116,7 +141,7 @@ def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, 
     sglang = SGLangClient(engine.url)
     proc = start_worker(farm_toml, engine.url)
     try:
-        assert "2 episode processes" in proc.stdout.readline()
+        assert "2 episode slots in 2 processes" in proc.stdout.readline()
         client.pause()  # returns only once the worker paused its replica
         assert sglang.server_info()["paused"] == "in_place" and client.ledger.paused()
         client.resume()
