@@ -54,6 +54,27 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
     if args.profile == "sim-replica":
         from .bench.sim_replica import run_sim_replica_bench
@@ -63,20 +84,17 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
               f"sim replica: {sim.concurrent_requests} running requests, "
               f"{sim.cpu_fraction:.1%} of one core over {sim.seconds:g} s")
         return 0
-    from .bench.ledger import run_ledger_bench
+    import shlex
+    from pathlib import Path
 
-    print(f"bench ledger: {args.clients} clients, {args.seconds:g} s per kind in "
-          f"{args.rounds} rounds", file=sys.stderr)
-    result = run_ledger_bench(clients=args.clients, seconds=args.seconds, rounds=args.rounds)
-    if args.json:
-        print(json.dumps(result.as_json()))
-    else:
-        print(f"ledger ops/s (admit, start, finish): {result.ledger_ops_per_s:,.0f}")
-        print(f"trivial script calls/s (floor):      {result.trivial_script_per_s:,.0f}")
-        print(f"ratio:                               {result.ratio:.2f}")
-        costs = ", ".join(f"{k} {v:g}" for k, v in result.redis_us_per_call.items())
-        print(f"Redis time per call (us, one client): {costs}")
-    return 0
+    from .bench.main import BenchArgs, run_bench
+
+    return run_bench(BenchArgs(
+        profile=args.profile, json=args.json, out=Path(args.out) if args.out else None,
+        max_staleness=args.max_staleness, time_scale=args.time_scale,
+        token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
+        ledger_clients=args.clients, ledger_seconds=args.seconds, ledger_rounds=args.rounds,
+        command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
 
 
 def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
@@ -252,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rewrite the counters from the records (pause admission first)")
 
     p = add("worker", _cmd_worker,
-            "one GPU's worker: engine.slots_per_replica episode processes on its replica")
+            "one GPU's worker: engine.slots_per_replica episode workers on its replica")
     p.add_argument("--gpu", type=int, required=True, help="GPU index (names the worker)")
     p.add_argument("--engine-url", required=True, help="the replica, e.g. http://127.0.0.1:30000")
     p.add_argument("--boot-id", help="the replica start's boot id (SGLang has none of its own)")
@@ -268,16 +286,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-log", metavar="FILE", help="append one JSON line per request")
 
     p = add("bench", _cmd_bench, "benchmarks (DESIGN section 8)")
-    p.add_argument("--profile", choices=["ledger", "sim-replica"], default="ledger",
-                   help="ledger: script ops/s against the trivial-script floor; "
-                        "sim-replica: CPU of one simulated replica holding --requests")
+    p.add_argument("--profile", default="all",
+                   choices=["long-tail", "equal", "group-between", "mixed-tail",
+                            "control-plane", "ledger", "all", "sim-replica"],
+                   help="pilots (long-tail, equal, group-between, mixed-tail): both "
+                        "admission modes through the real stack; control-plane: no-op "
+                        "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
+                        "floor; all: every one of these (default); sim-replica: CPU of "
+                        "one simulated replica holding --requests")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
-    p.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
+    p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
+                   "(needs matplotlib: queue-rollout[bench])")
+    p.add_argument("--max-staleness", type=_non_negative, default=2,
+                   help="pilots: the staleness window (default 2: a 3-batch window)")
+    p.add_argument("--time-scale", type=_fraction, default=0.1,
+                   help="pilots: measured seconds per reference second (default 0.1)")
+    p.add_argument("--token-scale", type=_fraction, default=0.125,
+                   help="pilots: tokens generated per reference token (default 0.125)")
+    p.add_argument("--workers", type=_positive, default=8,
+                   help="control-plane: worker processes on each side (default 8)")
+    p.add_argument("--episodes", type=_positive, default=4000,
+                   help="control-plane: episodes per side, over 2 rounds (default 4000)")
+    p.add_argument("--clients", type=_positive, default=8,
+                   help="ledger: concurrent clients (default 8)")
     p.add_argument("--seconds", type=float, default=6.0,
-                   help="seconds per kind (ledger, trivial), summed over rounds (default 6)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="alternating segments of each kind (default 3)")
-    p.add_argument("--requests", type=int, default=128,
+                   help="ledger: seconds per kind, summed over rounds (default 6); "
+                        "sim-replica: seconds measured")
+    p.add_argument("--rounds", type=_positive, default=3,
+                   help="ledger: alternating segments of each kind (default 3)")
+    p.add_argument("--requests", type=_positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
     return parser
 

@@ -7,7 +7,8 @@ decode step takes ``step_ms + step_ms_per_request * running`` and yields one tok
 running request), advanced analytically from event to event, so a 128-slot farm of
 a thousand long episodes simulates in seconds. The trainer takes each ready batch,
 pauses generation in place for ``train_s`` (the fixed training interval), raises the
-policy version, and resumes; after ``train_batches`` batches the rest is drained.
+policy version, and resumes; after ``train_batches`` batches the rest is drained
+(each batch acknowledged and the version raised, without a pause).
 """
 
 from __future__ import annotations
@@ -203,7 +204,9 @@ class SimFarm:
                 self._training_until = self.clock.now + self.train_s
                 self.ledger.set_paused(True)
                 return
+            # the drain: consumed without a pause, the version still raised (the budget grows)
             self.ledger.ack("trainer", delivery.batch.id)
+            self.ledger.set_version(self.ledger.version() + 1)
 
     def _end_training(self) -> None:
         assert self._held is not None

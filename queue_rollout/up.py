@@ -38,10 +38,42 @@ def _exe() -> str:
     return shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
 
 
+def start_sim_engines(config: Config, config_path: Path,
+                      request_log_dir: Path | None = None) -> tuple[list[Supervised], list[str]]:
+    """``engine.replicas`` simulated replicas (restartable), and their URLs; each one
+    appends its requests to ``request_log_dir/replica-<i>.jsonl`` when that is given."""
+    e = config.engine
+    engines, urls = [], []
+    for i in range(e.replicas):
+        argv = [_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
+                "--step-ms", str(e.step_ms), "--step-ms-per-request",
+                str(e.step_ms_per_request), "-c", str(config_path)]
+        if request_log_dir is not None:
+            argv += ["--request-log", str(request_log_dir / f"replica-{i}.jsonl")]
+        # the engine binds a free port itself and says which: no port can be taken
+        # between choosing and binding it; a restart asks for the same port again
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"http://[\d.]+:(\d+)", line)
+        if not match:
+            proc.kill()
+            stop_all((m.proc for m in engines if m.proc), 10)
+            raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
+        argv[3] = match.group(1)
+        engines.append(Supervised(f"sim replica {i}", argv, proc=proc))
+        urls.append(f"http://127.0.0.1:{match.group(1)}")
+    return engines, urls
+
+
 @dataclass
 class LocalFarm:
+    """Redis (embedded when the config names none), replicas and workers. Replicas are
+    ``engine.urls`` for SGLang, simulated ones started here for ``sim``, or the
+    *engine_urls* given (replicas someone else runs, e.g. shared by benchmark runs)."""
+
     config: Config
     config_path: Path
+    engine_urls: list[str] | None = None
     redis: EmbeddedRedis | None = None
     engines: list[Supervised] = field(default_factory=list)
     workers: list[Supervised] = field(default_factory=list)
@@ -66,27 +98,14 @@ class LocalFarm:
 
     def _replica_urls(self) -> list[str]:
         e = self.config.engine
+        if self.engine_urls is not None:
+            return list(self.engine_urls)
         if e.kind == "sglang":
             if not e.urls:
                 raise ConfigError("engine.urls: `up` with engine.kind = \"sglang\" needs the "
                                   "replicas' URLs (or use `queue-rollout node`)")
             return list(e.urls)
-        urls = []
-        for i in range(e.replicas):
-            argv = [_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
-                    "--step-ms", str(e.step_ms), "--step-ms-per-request",
-                    str(e.step_ms_per_request), "-c", str(self.config_path)]
-            # the engine binds a free port itself and says which: no port can be taken
-            # between choosing and binding it; a restart asks for the same port again
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-            line = proc.stdout.readline() if proc.stdout else ""
-            match = re.search(r"http://[\d.]+:(\d+)", line)
-            if not match:
-                proc.kill()
-                raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
-            argv[3] = match.group(1)
-            self.engines.append(Supervised(f"sim replica {i}", argv, proc=proc))
-            urls.append(f"http://127.0.0.1:{match.group(1)}")
+        self.engines, urls = start_sim_engines(self.config, self.config_path)
         return urls
 
     def keep(self) -> None:

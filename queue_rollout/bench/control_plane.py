@@ -1,0 +1,180 @@
+"""The control-plane benchmark: no-op episodes through the whole farm against no-op jobs
+through plain RQ, with the same number and class of workers, side by side.
+
+Farm: prompts of G no-op episodes (the ``noop`` workflow calls no replica) go through
+admission, the outbox, RQ, the ledger's start and finish, judgement and batches, which
+a trainer thread takes and acknowledges; ``workers`` episode processes
+(:class:`~queue_rollout.workers.rq_worker.EpisodeWorker`, RQ ``SimpleWorker``\\ s) run
+them. Plain RQ: a producer enqueues the same number of jobs of a function that does
+nothing (JSON serializer, as the farm's), in pipelines of 1,000 as the farm's outbox
+does, and ``workers`` plain ``SimpleWorker`` processes run them. Each side is timed from its first submission to its last episode
+done (the farm: the last batch delivered); the sides alternate (plain, farm, farm,
+plain, ...) so that background load hits both alike.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from rq import Queue, SimpleWorker, Worker
+from rq.registry import FinishedJobRegistry
+from rq.serializers import JSONSerializer
+
+from ..client import RolloutClient
+from ..collector import Collector
+from ..config import Config
+from ..errors import InvariantViolation
+from ..ledger import Ledger
+from ..procs import stop_all
+from ..redis_conn import connect
+from ..up import LocalFarm, wait_for_workers
+
+GROUP = 8
+
+
+def noop() -> None:
+    """The plain-RQ job: nothing."""
+
+
+@dataclass(frozen=True)
+class ControlPlaneResult:
+    workers: int
+    episodes: int  # per side, summed over rounds
+    farm_s: float
+    plain_s: float
+
+    @property
+    def farm_episodes_per_s(self) -> float:
+        return self.episodes / self.farm_s
+
+    @property
+    def plain_rq_jobs_per_s(self) -> float:
+        return self.episodes / self.plain_s
+
+    @property
+    def ratio(self) -> float:
+        return self.farm_episodes_per_s / self.plain_rq_jobs_per_s
+
+    def as_json(self) -> dict[str, object]:
+        return {"profile": "control-plane", "workers": self.workers,
+                "episodes": self.episodes, "worker_class": "rq.SimpleWorker (processes)",
+                "farm_episodes_per_s": round(self.farm_episodes_per_s, 1),
+                "plain_rq_jobs_per_s": round(self.plain_rq_jobs_per_s, 1),
+                "ratio": round(self.ratio, 3)}
+
+
+def _wait_workers(queue: Queue, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while Worker.count(queue=queue) < count:
+        if time.monotonic() > deadline:
+            raise InvariantViolation(f"bench: fewer than {count} RQ workers after {timeout:g}s")
+        time.sleep(0.1)
+
+
+def run_plain(redis_url: str, workers: int, jobs: int, tag: str) -> float:
+    """Seconds for *jobs* no-op jobs through plain RQ with *workers* SimpleWorker processes."""
+    client = connect(redis_url)
+    queue = Queue(f"plain-{tag}", connection=client, serializer=JSONSerializer)
+    procs = [subprocess.Popen([sys.executable, "-P", "-m", "queue_rollout.bench.control_plane",
+                               redis_url, queue.name], stdout=subprocess.DEVNULL)
+             for _ in range(workers)]
+    try:
+        _wait_workers(queue, workers)
+        registry = FinishedJobRegistry(queue=queue)
+        t0 = time.monotonic()
+        for start in range(0, jobs, 1000):  # in pipelines of 1,000, as the farm's outbox
+            queue.enqueue_many([Queue.prepare_data(noop, job_id=uuid.uuid4().hex, timeout=-1)
+                                for _ in range(start, min(jobs, start + 1000))])
+        while registry.count < jobs:
+            time.sleep(0.005)
+        return time.monotonic() - t0
+    finally:
+        stop_all(procs, 10)
+
+
+def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Path) -> float:
+    """Seconds for *episodes* no-op episodes through the farm with *workers* episode
+    processes (one worker of *workers* slots, one process each)."""
+    state = workdir / tag
+    config = msgspec.convert({
+        "farm": {"name": f"cp-{tag}", "redis_url": redis_url, "state_dir": str(state)},
+        "rollout": {"group_size": GROUP, "batch_size": 1, "max_concurrent_samples": 1024,
+                    "max_staleness": 100_000},
+        "workflow": {"name": "noop"},
+        "engine": {"replicas": 1, "slots_per_replica": workers, "threads_per_process": 1},
+        "timeouts": {"shutdown_grace": 2},
+    }, Config)
+    farm = LocalFarm(config, state / "farm.toml")
+    farm.start()
+    stop = threading.Event()
+    thread = None
+    try:
+        client = RolloutClient(Ledger.from_config(connect(redis_url), config), config)
+        farm.keep()
+        wait_for_workers(client.ledger, farm, stop)
+        from ..dispatch import episode_queue
+
+        _wait_workers(episode_queue(client.ledger.client, client.ledger.keys), workers)
+        collector = Collector(client.ledger, config, name=f"cp-{tag}")
+        thread = threading.Thread(target=collector.run, args=(stop, 0.02), daemon=True)
+        thread.start()
+        groups = episodes // GROUP
+        t0 = time.monotonic()
+        client.submit({"id": f"cp-{i}", "prompt": "noop"} for i in range(groups))
+        for _ in range(groups):
+            client.ack(client.get_batch(timeout=600, max_poll_s=0.02))
+        elapsed = time.monotonic() - t0
+        finished = client.ledger.counters().get("finished", 0)
+        if finished != groups * GROUP:
+            raise InvariantViolation(f"bench control-plane: {finished} episodes finished, "
+                                     f"expected {groups * GROUP}")
+        return elapsed
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(10)
+        farm.stop()
+
+
+def run_control_plane_bench(redis_url: str, *, workers: int = 8, episodes: int = 2000,
+                            rounds: int = 2,
+                            progress: Callable[[str], None] = lambda line: None
+                            ) -> ControlPlaneResult:
+    """*rounds* rounds of (plain, farm, farm, plain), each side *episodes* per round
+    in all (half per run), rounded down to whole groups."""
+    per_run = max(GROUP, episodes // 2 // GROUP * GROUP)
+    farm_s = plain_s = 0.0
+    with tempfile.TemporaryDirectory(prefix="qr-bench-cp-") as tmp:
+        n = 0
+        for r in range(rounds):
+            for side in ("plain", "farm", "farm", "plain"):
+                n += 1
+                if side == "plain":
+                    s = run_plain(redis_url, workers, per_run, f"{r}-{n}")
+                    plain_s += s
+                else:
+                    s = run_farm(redis_url, workers, per_run, f"{r}-{n}", Path(tmp))
+                    farm_s += s
+                progress(f"control-plane round {r + 1}: {side} {per_run} episodes in {s:.2f}s "
+                         f"({per_run / s:.0f}/s)")
+    return ControlPlaneResult(workers, per_run * 2 * rounds, farm_s, plain_s)
+
+
+def _plain_worker(redis_url: str, queue_name: str) -> None:
+    client = connect(redis_url)
+    queue = Queue(queue_name, connection=client, serializer=JSONSerializer)
+    SimpleWorker([queue], connection=client, serializer=JSONSerializer).work(
+        logging_level="WARNING")
+
+
+if __name__ == "__main__":
+    _plain_worker(sys.argv[1], sys.argv[2])

@@ -1,0 +1,107 @@
+"""``queue-rollout bench``: runs the chosen profiles, prints a table (or JSON lines) per
+profile as it completes, and with ``--out`` writes a markdown report with plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..embedded import EmbeddedRedis
+from .pilot import ModeRun, open_bench, run_pilot, window_sweep
+from .profiles import PILOTS, Scale, Shape
+
+ALL = (*PILOTS, "control-plane", "ledger")
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    profile: str
+    json: bool = False
+    out: Path | None = None
+    max_staleness: int = 2
+    time_scale: float = 0.1
+    token_scale: float = 0.125
+    cp_workers: int = 8
+    cp_episodes: int = 4000
+    ledger_clients: int = 8
+    ledger_seconds: float = 6.0
+    ledger_rounds: int = 3
+    command: str = "queue-rollout bench"  # for the report
+
+
+def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    profiles = ALL if args.profile == "all" else (args.profile,)
+    shape = Shape(max_staleness=args.max_staleness)
+    scale = Scale(time=args.time_scale, tokens=args.token_scale)
+    started = time.monotonic()
+
+    def progress(line: str) -> None:
+        err.write(f"[{time.monotonic() - started:7.1f}s] {line}\n")
+        err.flush()
+
+    pilots = [p for p in profiles if p in PILOTS]
+    if pilots:
+        progress(f"pilots {', '.join(pilots)}: B{shape.batch_size} x G{shape.group_size}, "
+                 f"{shape.slots} slots over {shape.replicas} simulated replicas, "
+                 f"{shape.prompts} groups, max_staleness {shape.max_staleness}, a "
+                 f"{shape.train_s:g} s training pause after each of {shape.train_batches} "
+                 f"batches; scale: time x{scale.time:g}, tokens x{scale.tokens:g} "
+                 f"(decode step x{scale.step_factor:g})")
+    results: list[dict[str, Any]] = []
+    runs: dict[str, dict[str, ModeRun]] = {}
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+
+    def emit(result: dict[str, Any], text: str) -> None:
+        results.append(result)
+        out.write((json.dumps(result) if args.json else text) + "\n")
+        out.flush()
+
+    with tempfile.TemporaryDirectory(prefix="qr-bench-") as tmp, \
+            EmbeddedRedis(tmp, write_url=False) as redis_server:
+        if pilots:
+            bench = open_bench(Path(tmp) / "pilots", shape, scale, redis_server.url, progress)
+            try:
+                for name in pilots:
+                    result, runs[name] = run_pilot(bench, PILOTS[name], shape.max_staleness)
+                    if name == "long-tail":
+                        sweeps[name] = window_sweep(bench, PILOTS[name])
+                        result["ideal_window_sweep"] = sweeps[name]
+                    from .report import pilot_text
+
+                    emit(result, pilot_text(result))
+            finally:
+                bench.stop()
+        if "control-plane" in profiles:
+            from .control_plane import run_control_plane_bench
+
+            cp = run_control_plane_bench(redis_server.url, workers=args.cp_workers,
+                                         episodes=args.cp_episodes, progress=progress)
+            emit(cp.as_json(), f"bench control-plane: {cp.workers} workers "
+                 f"(rq SimpleWorker processes), {cp.episodes} no-op episodes per side\n"
+                 f"  farm episodes/s   {cp.farm_episodes_per_s:10.1f}\n"
+                 f"  plain RQ jobs/s   {cp.plain_rq_jobs_per_s:10.1f}\n"
+                 f"  ratio             {cp.ratio:10.3f}")
+    if "ledger" in profiles:
+        from .ledger import run_ledger_bench
+
+        progress(f"ledger: {args.ledger_clients} clients, {args.ledger_seconds:g} s per kind")
+        lb = run_ledger_bench(clients=args.ledger_clients, seconds=args.ledger_seconds,
+                              rounds=args.ledger_rounds)
+        costs = ", ".join(f"{k} {v:g}" for k, v in lb.redis_us_per_call.items())
+        emit(lb.as_json(), f"bench ledger: {lb.clients} clients\n"
+             f"  ledger ops/s (admit, start, finish) {lb.ledger_ops_per_s:12,.0f}\n"
+             f"  trivial script calls/s (floor)      {lb.trivial_script_per_s:12,.0f}\n"
+             f"  ratio                               {lb.ratio:12.2f}\n"
+             f"  Redis time per call (us, one client): {costs}")
+    if args.out is not None:
+        from .report import write_report
+
+        path = write_report(args.out, results, runs, sweeps, args.command)
+        progress(f"report written to {path}")
+    progress(f"bench done in {time.monotonic() - started:.0f}s")
+    return 0

@@ -1,0 +1,126 @@
+"""The pilot profiles of DESIGN section 8, the reference shape, and the scale they run at.
+
+Every profile is a prompt manifest: per prompt, the G members' output lengths in
+tokens (``member_lengths``, which the ``controlled_length`` workflow produces exactly).
+Lengths are deterministic functions of the prompt id, so both admission modes, and
+every run, see the same manifest.
+
+- ``long-tail``: per group seven 1,024-token episodes and one 16,384-token one, its
+  position rotating by prompt (the reference's controlled profile).
+- ``equal``: eight 4,096-token episodes (the reference's control).
+- ``group-between``: groups differ, members within a group are equal: 1,024 x 2^k
+  tokens, k in 0..3 by a hash of the prompt id.
+- ``mixed-tail``: both: a group median of 1,024 x 2^k (k in 0..2 by the prompt id),
+  each member log-normal around it (sigma 0.8), clipped to 256..16,384.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..simfarm import long_tail_lengths
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The reference pilot: B16 x G8, 128 slots over 8 replicas, 128 groups."""
+
+    prompts: int = 128
+    group_size: int = 8
+    batch_size: int = 16
+    replicas: int = 8
+    slots_per_replica: int = 16
+    max_staleness: int = 2
+    train_s: float = 10.0  # the fixed training pause after each of the first batches
+    train_batches: int = 6
+    step_ms: float = 4.5
+    step_ms_per_request: float = 0.2
+
+    @property
+    def slots(self) -> int:
+        return self.replicas * self.slots_per_replica
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Measured = reference x ``time`` for times; x ``tokens`` for lengths. The decode
+    step is scaled by time / tokens so that an episode's duration scales by ``time``."""
+
+    time: float = 0.1
+    tokens: float = 0.125
+
+    def length(self, reference_tokens: int) -> int:
+        return max(1, round(reference_tokens * self.tokens))
+
+    @property
+    def step_factor(self) -> float:
+        return self.time / self.tokens
+
+    def as_json(self) -> dict[str, float]:
+        return {"time": self.time, "tokens": self.tokens}
+
+
+def _unit(*parts: object) -> float:
+    """A deterministic number in (0, 1) from *parts*."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") + 0.5) / 2**64
+
+
+def _equal(prompts: int, g: int) -> dict[str, list[int]]:
+    return {f"eq-{i:04d}": [4096] * g for i in range(prompts)}
+
+
+def _group_between(prompts: int, g: int) -> dict[str, list[int]]:
+    out = {}
+    for i in range(prompts):
+        pid = f"gb-{i:04d}"
+        out[pid] = [1024 * 2 ** int(_unit("gb", pid) * 4)] * g
+    return out
+
+
+def _mixed_tail(prompts: int, g: int) -> dict[str, list[int]]:
+    out = {}
+    for i in range(prompts):
+        pid = f"mt-{i:04d}"
+        median = 1024 * 2 ** int(_unit("mt", pid) * 3)
+        lengths = []
+        for m in range(g):
+            u1, u2 = _unit("mt1", pid, m), _unit("mt2", pid, m)
+            z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+            lengths.append(min(16384, max(256, round(median * math.exp(0.8 * z)))))
+        out[pid] = lengths
+    return out
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    summary: str
+    lengths: Callable[[int, int], dict[str, list[int]]]  # (prompts, G) -> reference lengths
+
+    def manifest(self, shape: Shape, scale: Scale) -> list[dict]:
+        """The prompts, with member lengths scaled to *scale*."""
+        return [{"id": pid, "prompt": f"{self.name} prompt {pid}",
+                 "member_lengths": [scale.length(n) for n in lengths]}
+                for pid, lengths in self.lengths(shape.prompts, shape.group_size).items()]
+
+
+PILOTS: dict[str, Profile] = {p.name: p for p in (
+    Profile("long-tail", "per group 7 x 1,024 + 1 x 16,384 tokens, the long one rotating",
+            long_tail_lengths),
+    Profile("equal", "8 x 4,096 tokens per group", _equal),
+    Profile("group-between", "groups differ (1,024 to 8,192 tokens), members equal",
+            _group_between),
+    Profile("mixed-tail", "group medians 1,024 to 4,096 tokens, members log-normal "
+            "around them (256 to 16,384)", _mixed_tail),
+)}
+
+
+def manifest_digest(prompts: list[dict]) -> str:
+    """A digest of a manifest, independent of order: what both modes must share."""
+    lines = sorted(json.dumps(p, sort_keys=True) for p in prompts)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()

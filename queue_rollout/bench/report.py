@@ -1,0 +1,200 @@
+"""What ``queue-rollout bench`` prints and writes: tables, a markdown report, PNG plots.
+
+Plots need matplotlib (``pip install 'queue-rollout[bench]'``); it is imported only
+when ``--out`` asks for them.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .pilot import ModeRun
+
+ROWS = (  # (label, key, format)
+    ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", ".2f"),
+    ("all-work completion (s)", "all_work_completion_s", ".2f"),
+    ("mean active episodes", "mean_active_episodes", ".2f"),
+    ("slot occupancy", "slot_occupancy", ".3f"),
+    ("ideal_ratio", "ideal_ratio", ".3f"),
+    ("accepted groups per hour", "accepted_groups_per_hour", ".0f"),
+    ("output tokens", "output_tokens", ".0f"),
+)
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return format(value, fmt)
+
+
+def _change(value: Any) -> str:
+    return "n/a" if value is None else f"{value * 100:+.1f}%"
+
+
+def pilot_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+    """(metric, group, sample, change, group ref, sample ref) rows of one pilot."""
+    g, s = result["modes"]["group"], result["modes"]["sample"]
+    rows = []
+    for label, key, fmt in ROWS:
+        ref = key in g["reference"]
+        rows.append((label, _fmt(g[key], fmt), _fmt(s[key], fmt), _change(result["change"][key]),
+                     _fmt(g["reference"][key], fmt) if ref else "",
+                     _fmt(s["reference"][key], fmt) if ref else ""))
+    return rows
+
+
+def pilot_text(result: dict[str, Any]) -> str:
+    sc = result["scale"]
+    lines = [f"bench {result['profile']}: measured at time x{sc['time']:g}, tokens "
+             f"x{sc['tokens']:g}; 'ref' columns scaled back to the reference's units",
+             f"  {'':<34}{'group':>11}{'sample':>11}{'change':>9}{'group ref':>12}"
+             f"{'sample ref':>12}"]
+    for label, g, s, ch, gr, sr in pilot_rows(result):
+        lines.append(f"  {label:<34}{g:>11}{s:>11}{ch:>9}{gr:>12}{sr:>12}")
+    ideal = [result["modes"][m]["ideal"] for m in ("group", "sample")]
+    lines.append(f"  {'ideal all-work (s)':<34}{ideal[0]['all_work_completion_s']:>11.2f}"
+                 f"{ideal[1]['all_work_completion_s']:>11.2f}")
+    lines.append(f"  {'ideal slot occupancy':<34}{ideal[0]['slot_occupancy']:>11.3f}"
+                 f"{ideal[1]['slot_occupancy']:>11.3f}")
+    return "\n".join(lines)
+
+
+def pilot_markdown(result: dict[str, Any]) -> str:
+    lines = ["| metric | group admission | sample refill | change | group (ref. s) | "
+             "sample (ref. s) |", "|---|---:|---:|---:|---:|---:|"]
+    for row in pilot_rows(result):
+        lines.append("| " + " | ".join(row) + " |")
+    for key, label in (("all_work_completion_s", "ideal all-work completion (s)"),
+                       ("slot_occupancy", "ideal slot occupancy")):
+        g, s = (result["modes"][m]["ideal"][key] for m in ("group", "sample"))
+        lines.append(f"| {label} | {g:.3f} | {s:.3f} | | | |")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, results: list[dict[str, Any]],
+                 runs: dict[str, dict[str, ModeRun]], sweeps: dict[str, list[dict[str, Any]]],
+                 command: str) -> Path:
+    """``report.md`` and the PNG plots under *out*; returns the report's path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--out draws plots with matplotlib: "
+                          "pip install 'queue-rollout[bench]'") from None
+    out.mkdir(parents=True, exist_ok=True)
+    md = ["# queue-rollout bench report", "",
+          f"Command: `{command}`", "",
+          f"Machine: {platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}, "
+          f"{platform.system()} {platform.release()}", ""]
+    for result in results:
+        name = result["profile"]
+        if name in runs:
+            md += [f"## {name}", "", pilot_markdown(result), ""]
+            for kind in _plot_pilot(plt, out, name, runs[name], result):
+                md += [f"![{name} {kind}]({name}-{kind}.png)", ""]
+            if name in sweeps:
+                md += [f"### {name}: the staleness window (ideal schedule)", "",
+                       sweep_markdown(sweeps[name]), "",
+                       f"![{name} window]({name}-window.png)", ""]
+                _plot_sweep(plt, out, name, sweeps[name])
+        elif name == "control-plane":
+            md += ["## control-plane", "", "| workers | farm episodes/s | plain RQ jobs/s | "
+                   "ratio |", "|---:|---:|---:|---:|",
+                   f"| {result['workers']} | {result['farm_episodes_per_s']} | "
+                   f"{result['plain_rq_jobs_per_s']} | {result['ratio']} |", ""]
+        elif name == "ledger":
+            md += ["## ledger", "", "| clients | ledger ops/s | trivial script/s | ratio |",
+                   "|---:|---:|---:|---:|",
+                   f"| {result['clients']} | {result['ledger_ops_per_s']} | "
+                   f"{result['trivial_script_per_s']} | {result['ratio']} |", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def sweep_markdown(sweep: list[dict[str, Any]]) -> str:
+    lines = ["| max_staleness | window (batches) | group all-work (s) | sample all-work (s) | "
+             "group occupancy | sample occupancy |", "|---:|---:|---:|---:|---:|---:|"]
+    for row in sweep:
+        lines.append(f"| {row['max_staleness']} | {row['max_staleness'] + 1} | "
+                     f"{row['group']['all_work_completion_s']:.2f} | "
+                     f"{row['sample']['all_work_completion_s']:.2f} | "
+                     f"{row['group']['slot_occupancy']:.3f} | "
+                     f"{row['sample']['slot_occupancy']:.3f} |")
+    return "\n".join(lines)
+
+
+def _plot_pilot(plt: Any, out: Path, name: str, runs: dict[str, ModeRun],
+                result: dict[str, Any]) -> list[str]:
+    colors = {"group": "tab:orange", "sample": "tab:blue"}
+    labels = {"group": "group admission", "sample": "sample refill"}
+    # active episodes over time, pause windows shaded
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for mode, run in runs.items():
+        timeline = run.active_timeline()
+        xs, ys = zip(*timeline)
+        ax.step(xs, ys, where="post", color=colors[mode], label=labels[mode], linewidth=1)
+        for a, b in run.pauses:
+            ax.axvspan(a, b, color=colors[mode], alpha=0.08)
+    ax.axhline(next(iter(runs.values())).slots, color="grey", linestyle=":", label="slots")
+    ax.set(xlabel="seconds since submit (measured)", ylabel="running episodes",
+           title=f"{name}: active episodes (shaded: training pauses)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{name}-active.png", dpi=110)
+    plt.close(fig)
+    # batch-ready times
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, run in runs.items():
+        ax.plot(range(1, len(run.ready) + 1), run.ready, marker="o", color=colors[mode],
+                label=labels[mode])
+    ax.set(xlabel="batch", ylabel="ready at (s since submit)", title=f"{name}: batch-ready times")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{name}-batches.png", dpi=110)
+    plt.close(fig)
+    # slot occupancy, measured and ideal
+    fig, ax = plt.subplots(figsize=(6, 4))
+    modes = list(runs)
+    measured = [result["modes"][m]["slot_occupancy"] for m in modes]
+    ideal = [result["modes"][m]["ideal"]["slot_occupancy"] for m in modes]
+    x = range(len(modes))
+    ax.bar([i - 0.2 for i in x], measured, 0.4, label="measured",
+           color=[colors[m] for m in modes])
+    ax.bar([i + 0.2 for i in x], ideal, 0.4, label="ideal schedule", color="lightgrey")
+    ax.set_xticks(list(x), [labels[m] for m in modes])
+    ax.set(ylim=(0, 1), ylabel="mean slot occupancy", title=f"{name}: slot occupancy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{name}-occupancy.png", dpi=110)
+    plt.close(fig)
+    return ["active", "batches", "occupancy"]
+
+
+def _plot_sweep(plt: Any, out: Path, name: str, sweep: list[dict[str, Any]]) -> None:
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    windows = [row["max_staleness"] for row in sweep]
+    for mode, color in (("group", "tab:orange"), ("sample", "tab:blue")):
+        ax1.plot(windows, [row[mode]["slot_occupancy"] for row in sweep], marker="o",
+                 color=color, label=mode)
+        ax2.plot(windows, [row[mode]["all_work_completion_s"] for row in sweep], marker="o",
+                 color=color, label=mode)
+    ax1.set(xlabel="max_staleness", ylabel="slot occupancy", ylim=(0, 1))
+    ax2.set(xlabel="max_staleness", ylabel="all-work completion (s, measured scale)")
+    ax1.legend()
+    fig.suptitle(f"{name}: the staleness window, ideal schedule")
+    fig.tight_layout()
+    fig.savefig(out / f"{name}-window.png", dpi=110)
+    plt.close(fig)
