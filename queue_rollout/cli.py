@@ -305,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pilots: tokens generated per reference token (default 0.125)")
     p.add_argument("--workers", type=_positive, default=8,
                    help="control-plane: worker processes on each side (default 8)")
-    p.add_argument("--episodes", type=_positive, default=4000,
-                   help="control-plane: episodes per side, over 2 rounds (default 4000)")
+    p.add_argument("--episodes", type=_positive, default=8000,
+                   help="control-plane: episodes per side, over 2 rounds (default 8000)")
     p.add_argument("--clients", type=_positive, default=8,
                    help="ledger: concurrent clients (default 8)")
     p.add_argument("--seconds", type=float, default=6.0,

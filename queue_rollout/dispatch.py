@@ -30,11 +30,19 @@ def episode_queue(client: redis.Redis, keys: Keys) -> Queue:
     return Queue(keys.rq_queue, connection=client, serializer=JSONSerializer)
 
 
-def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000) -> int:
-    """Enqueue up to *limit* outbox attempts; returns how many jobs were enqueued."""
-    ids = [raw.decode() for raw in client.lrange(keys.outbox, 0, limit - 1)]
-    if not ids:
-        return 0
+def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000, chunk: int = 100) -> int:
+    """Enqueue up to *limit* outbox attempts, *chunk* to a pipeline (so the first jobs
+    reach the workers before the last are built); returns how many were enqueued."""
+    enqueued = 0
+    for start in range(0, limit, chunk):
+        ids = [raw.decode() for raw in client.lrange(keys.outbox, 0, min(chunk, limit - start) - 1)]
+        if not ids:
+            break
+        enqueued += _enqueue(client, keys, ids)
+    return enqueued
+
+
+def _enqueue(client: redis.Redis, keys: Keys, ids: list[str]) -> int:
     pipe = client.pipeline(transaction=False)
     pipe.hmget(keys.attempts, ids)
     for aid in ids:
@@ -43,8 +51,7 @@ def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000) -> int:
     fresh = [aid for aid, record, there in zip(ids, records, exists)
              if record is not None and not there and decode_attempt(record).state == "queued"]
     if fresh:
-        queue = episode_queue(client, keys)
-        queue.enqueue_many([Queue.prepare_data(
+        episode_queue(client, keys).enqueue_many([Queue.prepare_data(
             EPISODE_JOB_FUNC, args=(aid,), job_id=aid, timeout=-1,
             result_ttl=JOB_RESULT_TTL, failure_ttl=JOB_RESULT_TTL,
             description=f"episode attempt {aid}") for aid in fresh])

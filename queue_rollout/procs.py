@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class Supervised:
     name: str
     argv: list[str]
     env: dict[str, str] | None = None
+    log_path: Path | None = None  # its stderr goes here (appended) instead of ours
     proc: subprocess.Popen | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -48,5 +50,10 @@ class Supervised:
             self.next_start = now + min(30.0, 0.5 * 2 ** min(self.restarts, 6))
             self.proc = None
         if now >= self.next_start:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
+            if self.log_path is None:
+                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
+            else:
+                with self.log_path.open("ab") as log_file:
+                    self.proc = subprocess.Popen(self.argv, env=self.env,
+                                                 stdout=subprocess.DEVNULL, stderr=log_file)
             log.info("%s started (pid %d)", self.name, self.proc.pid)

@@ -74,6 +74,7 @@ class LocalFarm:
     config: Config
     config_path: Path
     engine_urls: list[str] | None = None
+    log_dir: Path | None = None  # the workers' stderr goes to <log_dir>/worker-<i>.log
     redis: EmbeddedRedis | None = None
     engines: list[Supervised] = field(default_factory=list)
     workers: list[Supervised] = field(default_factory=list)
@@ -93,7 +94,8 @@ class LocalFarm:
         for gpu, engine_url in enumerate(urls):
             self.workers.append(Supervised(
                 f"worker gpu{gpu}", [_exe(), "worker", "--gpu", str(gpu), "--engine-url",
-                                     engine_url, "-c", str(self.config_path)]))
+                                     engine_url, "-c", str(self.config_path)],
+                log_path=None if self.log_dir is None else self.log_dir / f"worker-{gpu}.log"))
         return url
 
     def _replica_urls(self) -> list[str]:

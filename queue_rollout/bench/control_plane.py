@@ -1,12 +1,12 @@
 """The control-plane benchmark: no-op episodes through the whole farm against no-op jobs
 through plain RQ, with the same number and class of workers, side by side.
 
-Farm: prompts of G no-op episodes (the ``noop`` workflow calls no replica) go through
-admission, the outbox, RQ, the ledger's start and finish, judgement and batches, which
-a trainer thread takes and acknowledges; ``workers`` episode processes
+Farm: prompts of G = 8 no-op episodes (the ``noop`` workflow calls no replica) go
+through admission, the outbox, RQ, the ledger's start and finish, judgement and
+batches of B = 16 groups (the reference shape), which the bench takes and acknowledges; ``workers`` episode processes
 (:class:`~queue_rollout.workers.rq_worker.EpisodeWorker`, RQ ``SimpleWorker``\\ s) run
 them. Plain RQ: a producer enqueues the same number of jobs of a function that does
-nothing (JSON serializer, as the farm's), in pipelines of 1,000 as the farm's outbox
+nothing (JSON serializer, as the farm's), in pipelines of 100 as the farm's outbox
 does, and ``workers`` plain ``SimpleWorker`` processes run them. Each side is timed from its first submission to its last episode
 done (the farm: the last batch delivered); the sides alternate (plain, farm, farm,
 plain, ...) so that background load hits both alike.
@@ -25,20 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from rq import Queue, SimpleWorker, Worker
+from rq import Queue, SimpleWorker
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from ..client import RolloutClient
 from ..collector import Collector
 from ..config import Config
+from ..dispatch import episode_queue
 from ..errors import InvariantViolation
 from ..ledger import Ledger
 from ..procs import stop_all
 from ..redis_conn import connect
 from ..up import LocalFarm, wait_for_workers
+from .pilot import COLLECTOR_INTERVAL_S, wait_for_rq_workers
 
-GROUP = 8
+GROUP, BATCH = 8, 16  # the reference shape: a batch is 16 groups of 8
 
 
 def noop() -> None:
@@ -72,14 +74,6 @@ class ControlPlaneResult:
                 "ratio": round(self.ratio, 3)}
 
 
-def _wait_workers(queue: Queue, count: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while Worker.count(queue=queue) < count:
-        if time.monotonic() > deadline:
-            raise InvariantViolation(f"bench: fewer than {count} RQ workers after {timeout:g}s")
-        time.sleep(0.1)
-
-
 def run_plain(redis_url: str, workers: int, jobs: int, tag: str) -> float:
     """Seconds for *jobs* no-op jobs through plain RQ with *workers* SimpleWorker processes."""
     client = connect(redis_url)
@@ -88,12 +82,12 @@ def run_plain(redis_url: str, workers: int, jobs: int, tag: str) -> float:
                                redis_url, queue.name], stdout=subprocess.DEVNULL)
              for _ in range(workers)]
     try:
-        _wait_workers(queue, workers)
+        wait_for_rq_workers(queue, workers)
         registry = FinishedJobRegistry(queue=queue)
         t0 = time.monotonic()
-        for start in range(0, jobs, 1000):  # in pipelines of 1,000, as the farm's outbox
+        for start in range(0, jobs, 100):  # in pipelines of 100, as the farm's outbox
             queue.enqueue_many([Queue.prepare_data(noop, job_id=uuid.uuid4().hex, timeout=-1)
-                                for _ in range(start, min(jobs, start + 1000))])
+                                for _ in range(start, min(jobs, start + 100))])
         while registry.count < jobs:
             time.sleep(0.005)
         return time.monotonic() - t0
@@ -107,13 +101,14 @@ def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Pat
     state = workdir / tag
     config = msgspec.convert({
         "farm": {"name": f"cp-{tag}", "redis_url": redis_url, "state_dir": str(state)},
-        "rollout": {"group_size": GROUP, "batch_size": 1, "max_concurrent_samples": 1024,
+        "rollout": {"group_size": GROUP, "batch_size": BATCH, "max_concurrent_samples": 1024,
                     "max_staleness": 100_000},
         "workflow": {"name": "noop"},
         "engine": {"replicas": 1, "slots_per_replica": workers, "threads_per_process": 1},
         "timeouts": {"shutdown_grace": 2},
     }, Config)
-    farm = LocalFarm(config, state / "farm.toml")
+    state.mkdir(parents=True, exist_ok=True)
+    farm = LocalFarm(config, state / "farm.toml", log_dir=state)
     farm.start()
     stop = threading.Event()
     thread = None
@@ -121,16 +116,15 @@ def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Pat
         client = RolloutClient(Ledger.from_config(connect(redis_url), config), config)
         farm.keep()
         wait_for_workers(client.ledger, farm, stop)
-        from ..dispatch import episode_queue
-
-        _wait_workers(episode_queue(client.ledger.client, client.ledger.keys), workers)
+        wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), workers)
         collector = Collector(client.ledger, config, name=f"cp-{tag}")
-        thread = threading.Thread(target=collector.run, args=(stop, 0.02), daemon=True)
+        thread = threading.Thread(target=collector.run, args=(stop, COLLECTOR_INTERVAL_S),
+                                  daemon=True)
         thread.start()
         groups = episodes // GROUP
         t0 = time.monotonic()
         client.submit({"id": f"cp-{i}", "prompt": "noop"} for i in range(groups))
-        for _ in range(groups):
+        for _ in range(groups // BATCH):
             client.ack(client.get_batch(timeout=600, max_poll_s=0.02))
         elapsed = time.monotonic() - t0
         finished = client.ledger.counters().get("finished", 0)
@@ -149,9 +143,10 @@ def run_control_plane_bench(redis_url: str, *, workers: int = 8, episodes: int =
                             rounds: int = 2,
                             progress: Callable[[str], None] = lambda line: None
                             ) -> ControlPlaneResult:
-    """*rounds* rounds of (plain, farm, farm, plain), each side *episodes* per round
-    in all (half per run), rounded down to whole groups."""
-    per_run = max(GROUP, episodes // 2 // GROUP * GROUP)
+    """*rounds* rounds of (plain, farm, farm, plain), each side *episodes* in all
+    (over every run), rounded down to whole batches of groups."""
+    unit = GROUP * BATCH
+    per_run = max(unit, episodes // (2 * rounds) // unit * unit)
     farm_s = plain_s = 0.0
     with tempfile.TemporaryDirectory(prefix="qr-bench-cp-") as tmp:
         n = 0

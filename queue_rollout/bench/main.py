@@ -27,7 +27,7 @@ class BenchArgs:
     time_scale: float = 0.1
     token_scale: float = 0.125
     cp_workers: int = 8
-    cp_episodes: int = 4000
+    cp_episodes: int = 8000
     ledger_clients: int = 8
     ledger_seconds: float = 6.0
     ledger_rounds: int = 3

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+from rq import Queue, Worker
 
 from ..client import RolloutClient
 from ..collector import Collector
@@ -41,7 +42,7 @@ from ..testing import FakeClock
 from ..up import LocalFarm, start_sim_engines, wait_for_workers
 from .profiles import Profile, Scale, Shape, manifest_digest
 
-COLLECTOR_INTERVAL_S = 0.01
+COLLECTOR_INTERVAL_S = 0.01  # the bench's collector steps this often (`collector`: 0.2 s)
 TRAINER_POLL_S = 0.01
 
 
@@ -113,12 +114,9 @@ class ModeRun:
         return sum(sum(tokens) for tokens in self.delivered.values())
 
 
-def wait_for_rq_workers(ledger: Ledger, count: int, timeout: float = 120.0) -> None:
-    """Until *count* RQ workers listen on the farm's queue: episodes submitted before
-    would wait for processes still starting, which is no cost of the farm's."""
-    from rq import Worker
-
-    queue = episode_queue(ledger.client, ledger.keys)
+def wait_for_rq_workers(queue: Queue, count: int, timeout: float = 120.0) -> None:
+    """Until *count* RQ workers listen on *queue*: work submitted before would wait for
+    processes still starting, which is no cost of the farm's (or of RQ's)."""
     deadline = time.monotonic() + timeout
     while Worker.count(queue=queue) < count:
         if time.monotonic() > deadline:
@@ -188,7 +186,9 @@ class Bench:
             "engine": self.engine_section(),
             "timeouts": {"shutdown_grace": 2, "pause_barrier": 30},
         }, Config)
-        farm = LocalFarm(config, state / "farm.toml", engine_urls=self.engine_urls)
+        state.mkdir(parents=True, exist_ok=True)
+        farm = LocalFarm(config, state / "farm.toml", engine_urls=self.engine_urls,
+                         log_dir=state)
         farm.start()
         stop = threading.Event()
         run = ModeRun(mode, s.slots)
@@ -197,7 +197,7 @@ class Bench:
             client = RolloutClient(Ledger.from_config(connect(self.redis_url), config), config)
             farm.keep()
             wait_for_workers(client.ledger, farm, stop)
-            wait_for_rq_workers(client.ledger, s.slots)
+            wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), s.slots)
             collector = Collector(client.ledger, config, name=f"bench-{mode}")
             collector_thread = threading.Thread(
                 target=collector.run, args=(stop, COLLECTOR_INTERVAL_S), daemon=True)
