@@ -56,11 +56,15 @@ class ModeRun:
     pauses: list[tuple[float, float]] = field(default_factory=list)  # trainer's windows
     accepted_at_ready: list[int] = field(default_factory=list)
     delivered: dict[str, list[int]] = field(default_factory=dict)  # group -> member tokens
-    delivered_digest: str = ""
+    delivered_prompts: list[dict] = field(default_factory=list)  # as the trainer got them
     requests: list[dict] = field(default_factory=list)  # the replicas' log entries
     counters: dict[str, int] = field(default_factory=dict)
     doctor_problems: list[str] = field(default_factory=list)
     ideal: SimReport | None = None
+
+    @property
+    def delivered_digest(self) -> str:
+        return manifest_digest(self.delivered_prompts)
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -212,7 +216,7 @@ class Bench:
                 run.accepted_at_ready.append(client.ledger.counters().get("accepted", 0))
                 for g in batch.groups:
                     run.delivered[g.id] = [len(m.output_ids) for m in g.members]
-                    run.delivered_digest += json.dumps(g.prompt, sort_keys=True) + "\n"
+                    run.delivered_prompts.append(g.prompt)
                 if k < s.train_batches:  # a training step, generation paused in place
                     client.pause()
                     time.sleep(train_s)
@@ -233,8 +237,6 @@ class Bench:
             if collector_thread is not None:
                 collector_thread.join(10)
             farm.stop()
-        lines = sorted(run.delivered_digest.splitlines())
-        run.delivered_digest = manifest_digest([json.loads(x) for x in lines])
         run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}")
         return run
 

@@ -76,7 +76,7 @@ def test_rollout_interval_and_accepted_rate_follow_the_definitions():
 def _good_run(prompts: list[dict], mode: str = "group") -> ModeRun:
     run = ModeRun(mode, slots=4, ready=[1.0])
     run.delivered = {p["id"]: list(p["member_lengths"]) for p in prompts}
-    run.delivered_digest = manifest_digest(prompts)
+    run.delivered_prompts = list(prompts)
     run.requests = [_request(f"{p['id']}-{m}", 0, 1, n)
                     for p in prompts for m, n in enumerate(p["member_lengths"])]
     run.counters = {"finished": sum(len(p["member_lengths"]) for p in prompts)}
@@ -100,7 +100,7 @@ def test_the_audit_passes_a_sound_run_and_names_every_problem():
 
     lost = _good_run(prompts, "sample")
     del lost.delivered["p1"]
-    lost.delivered_digest = manifest_digest(prompts[:1])
+    lost.delivered_prompts = prompts[:1]
     problems = audit(prompts, [lost], 2)
     assert any("sample mode: 1 groups not delivered" in p for p in problems)
     assert any("prompts delivered differ from the manifest" in p for p in problems)
