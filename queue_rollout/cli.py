@@ -192,6 +192,12 @@ def _cmd_worker(config: Config, args: argparse.Namespace) -> int:
                       boot_id=args.boot_id or "").run()
 
 
+def _cmd_node(config: Config, args: argparse.Namespace) -> int:
+    from .node import parse_gpus, run_node
+
+    return run_node(config, parse_gpus(args.gpus))
+
+
 def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -204,6 +210,7 @@ def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
         step_ms_per_request=(e.step_ms_per_request if args.step_ms_per_request is None
                              else args.step_ms_per_request),
         request_log=Path(args.request_log) if args.request_log else None,
+        boot_id=args.boot_id,
     )
     return 0
 
@@ -275,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-url", required=True, help="the replica, e.g. http://127.0.0.1:30000")
     p.add_argument("--boot-id", help="the replica start's boot id (SGLang has none of its own)")
 
+    p = add("node", _cmd_node,
+            "one replica (SGLang or sim) and one worker per GPU of this host")
+    p.add_argument("--gpus", required=True, metavar="LIST",
+                   help="GPU indices: 0-7, 0,2,5 or 0-3,6; replica i listens on "
+                        "engine.base_port + i")
+
     p = add("sim-engine", _cmd_sim_engine,
             "one simulated replica speaking SGLang's HTTP API (engine.* sets its timing)")
     p.add_argument("--port", type=int, required=True, help="port to listen on (0: any free)")
@@ -284,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms-per-request", type=float,
                    help="added per running request (engine.step_ms_per_request)")
     p.add_argument("--request-log", metavar="FILE", help="append one JSON line per request")
+    p.add_argument("--boot-id", help="the boot id to report (default: a new one)")
 
     p = add("bench", _cmd_bench, "benchmarks (DESIGN section 8)")
     p.add_argument("--profile", default="all",

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
+import sys
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+def cli_exe() -> str:
+    """The ``queue-rollout`` command of this installation (beside this Python)."""
+    return shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
 
 
 def stop_all(procs: Iterable[subprocess.Popen], timeout: float) -> None:
@@ -36,6 +43,7 @@ class Supervised:
     argv: list[str]
     env: dict[str, str] | None = None
     log_path: Path | None = None  # its stderr goes here (appended) instead of ours
+    before_start: Callable[[Supervised], None] | None = None  # e.g. a new boot id in argv
     proc: subprocess.Popen | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -50,6 +58,8 @@ class Supervised:
             self.next_start = now + min(30.0, 0.5 * 2 ** min(self.restarts, 6))
             self.proc = None
         if now >= self.next_start:
+            if self.before_start is not None:
+                self.before_start(self)
             if self.log_path is None:
                 self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
             else:

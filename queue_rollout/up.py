@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,14 +26,10 @@ from .embedded import EmbeddedRedis
 from .errors import ConfigError, QueueRolloutError
 from .ledger import Ledger
 from .metrics import FarmMetrics
-from .procs import Supervised, stop_all
+from .procs import Supervised, cli_exe, stop_all
 from .redis_conn import connect
 
 log = logging.getLogger(__name__)
-
-
-def _exe() -> str:
-    return shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
 
 
 def start_sim_engines(config: Config, config_path: Path,
@@ -45,7 +39,7 @@ def start_sim_engines(config: Config, config_path: Path,
     e = config.engine
     engines, urls = [], []
     for i in range(e.replicas):
-        argv = [_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
+        argv = [cli_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
                 "--step-ms", str(e.step_ms), "--step-ms-per-request",
                 str(e.step_ms_per_request), "-c", str(config_path)]
         if request_log_dir is not None:
@@ -93,7 +87,7 @@ class LocalFarm:
         urls = self._replica_urls()
         for gpu, engine_url in enumerate(urls):
             self.workers.append(Supervised(
-                f"worker gpu{gpu}", [_exe(), "worker", "--gpu", str(gpu), "--engine-url",
+                f"worker gpu{gpu}", [cli_exe(), "worker", "--gpu", str(gpu), "--engine-url",
                                      engine_url, "-c", str(self.config_path)],
                 log_path=None if self.log_dir is None else self.log_dir / f"worker-{gpu}.log"))
         return url

@@ -380,12 +380,15 @@ def _json(body: bytes) -> dict[str, Any]:
 
 
 def run_sim_engine(*, host: str, port: int, slots: int, step_ms: float,
-                   step_ms_per_request: float, request_log: Path | None = None) -> None:
+                   step_ms_per_request: float, request_log: Path | None = None,
+                   boot_id: str | None = None) -> None:
     """Serve one simulated replica until interrupted (``queue-rollout sim-engine``)."""
 
     async def main() -> None:
         model = SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request)
         server = SimEngineServer(model, host=host, port=port, request_log=request_log)
+        if boot_id:
+            server.boot_id = boot_id
         await server.start()
         print(f"sim engine listening on http://{host}:{server.port} (boot {server.boot_id})",
               flush=True)
