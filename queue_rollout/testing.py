@@ -1,6 +1,15 @@
-"""Helpers for tests and simulations: a clock moved by hand, trivial prompts."""
+"""Helpers for tests and simulations: a clock moved by hand, trivial prompts, a small
+`queue-rollout up` farm in the background."""
 
 from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from .procs import cli_exe
 
 
 class FakeClock:
@@ -19,3 +28,27 @@ class FakeClock:
 def trivial_prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:
     """*n* (id, prompt JSON) pairs with ids ``p0``, ``p1``, ..."""
     return [(f"{prefix}{i}", b'{"prompt": "x"}') for i in range(n)]
+
+
+def write_up_farm(path: Path, name: str, state: Path, *, rollout: str, slots: int,
+                  metrics_port: int, extra: str = "", step_ms_per_request: float = 0.0) -> Path:
+    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding."""
+    path.write_text(f'[farm]\nname = "{name}"\nstate_dir = "{state}"\n'
+                    f"[rollout]\n{rollout}\n{extra}"
+                    f"[engine]\nreplicas = 2\nslots_per_replica = {slots}\nstep_ms = 0.5\n"
+                    f"step_ms_per_request = {step_ms_per_request}\n"
+                    f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
+    return path
+
+
+@contextlib.contextmanager
+def farm_up(toml: Path) -> Iterator[str]:
+    """`queue-rollout up` in the background, yielding the line it announces itself
+    with; Ctrl-C at the end must stop it cleanly."""
+    up = subprocess.Popen([cli_exe(), "up", "-c", str(toml)], stdout=subprocess.PIPE,
+                          text=True)
+    try:
+        yield up.stdout.readline()
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0

@@ -342,7 +342,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
         results: dict[str, list] = {}
 
         def every_query_has_data():
-            for title, expr in exprs:
+            for _title, expr in exprs:
                 query = urllib.parse.urlencode({"query": expr})
                 results[expr] = get_json(f"{api}/query?{query}")["result"]
             empty = [f"{t}: {e}" for t, e in exprs if not results[e]]

@@ -2,46 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 from queue_rollout.embedded import free_port
+from queue_rollout.testing import farm_up, write_up_farm as write_farm
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def write_farm(path: Path, name: str, state: Path, *, rollout: str, slots: int,
-               metrics_port: int, extra: str = "", step_ms_per_request: float = 0.0) -> Path:
-    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding."""
-    path.write_text(f'[farm]\nname = "{name}"\nstate_dir = "{state}"\n'
-                    f"[rollout]\n{rollout}\n{extra}"
-                    f"[engine]\nreplicas = 2\nslots_per_replica = {slots}\nstep_ms = 0.5\n"
-                    f"step_ms_per_request = {step_ms_per_request}\n"
-                    f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
-    return path
-
-
-@contextlib.contextmanager
-def farm_up(toml: Path) -> Iterator[str]:
-    """`queue-rollout up` in the background, yielding the line it announces itself
-    with; Ctrl-C at the end must stop it cleanly."""
-    up = subprocess.Popen([EXE, "up", "-c", str(toml)], stdout=subprocess.PIPE, text=True)
-    try:
-        yield up.stdout.readline()
-    finally:
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0
 
 
 def test_up_runs_a_farm_the_other_commands_find(tmp_path):
