@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from redis.exceptions import RedisError
+
 from queue_rollout.config import Config
 from queue_rollout.errors import ConfigError, RedisUnavailable
 from queue_rollout.keys import Keys
@@ -113,7 +115,9 @@ class Supervisor:
                                       min_age=self.config.timeouts.lease)
                         # as often as a lease: doubt younger than a lease is left alone
                         next_resolve = time.monotonic() + min(10.0, self.config.timeouts.lease)
-                except (RedisUnavailable, EngineError) as exc:
+                except (RedisUnavailable, RedisError, EngineError) as exc:
+                    # Redis away (its raw errors too: these calls go straight to redis-py)
+                    # or the replica: keep the episode processes, try again next round
                     log.warning("worker %s: %s", self.worker_id, exc)
                 time.sleep(self.poll_s)
         finally:
