@@ -21,8 +21,10 @@ from rq.serializers import JSONSerializer
 from .keys import EPISODE_JOB_FUNC, Keys
 from .records import decode_attempt
 
-#: Finished job hashes are kept this long (seconds) so a late re-flush sees them.
-JOB_RESULT_TTL = 24 * 3600
+#: RQ keeps a finished or failed episode job (its status, for `rq info`) this long, in
+#: seconds. Correctness does not need it: a job that ran has started its attempt, and
+#: the outbox and the reconciler only (re-)enqueue attempts still queued.
+JOB_RESULT_TTL = 3600
 
 
 def episode_queue(client: redis.Redis, keys: Keys) -> Queue:

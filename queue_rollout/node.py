@@ -5,7 +5,7 @@ For each GPU i: a replica on port ``engine.base_port + i`` — SGLang
 the GPU, ``--enable-metrics``, ``--enable-deterministic-inference`` when
 ``engine.deterministic``, ``--max-running-requests engine.slots_per_replica``, then
 ``engine.sglang_args``) or, with ``engine.kind = "sim"``, a simulated replica. Every
-replica start gets a new boot id, recorded in ``<state_dir>/boots.jsonl``; once the
+replica start gets a new boot id, recorded in ``<state_dir>/node/boots.jsonl``; once the
 replica answers ``/health``, a worker pinned to it starts with that boot id
 (``--boot-id``). When a replica dies it is restarted with backoff under a new boot id,
 and its worker is restarted too, so the worker settles the old boot's attempts as

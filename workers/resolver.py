@@ -7,6 +7,10 @@ otherwise the rid is aborted and then probed with ``max_new_tokens = 0``, and a 
 that is not refused as a duplicate proves the request is gone. Either way the attempt
 is retried with the same seed. An attempt doubtful for less than ``min_age`` seconds
 is left alone, so a worker that is alive can still report it (``progress`` revives it).
+
+An attempt is this worker's to settle when this worker started it on this replica: a
+replica's URL alone is not enough, since every host's replicas listen on the same
+loopback ports (the worker id names the host and GPU).
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ from .sglang_client import EngineError, SGLangClient
 log = logging.getLogger(__name__)
 
 
-def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *,
+def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_id: str,
                   min_age: float) -> dict[str, str]:
-    """Settle this replica's doubtful attempts; returns attempt id -> what happened."""
+    """Settle the doubtful attempts this worker started on this replica; returns
+    attempt id -> what happened."""
     now = ledger.clock()
     outcome: dict[str, str] = {}
     for raw, since in ledger.client.zrange(ledger.keys.doubt, 0, -1, withscores=True):
         aid = raw.decode()
         attempt = ledger.attempt(aid)
-        if attempt is None or attempt.replica != client.url or now - since < min_age:
+        if (attempt is None or attempt.worker != worker_id or attempt.replica != client.url
+                or now - since < min_age):
             continue
         if attempt.boot != boot_id:
             answer = ledger.retry(aid, cause="replica_restart")

@@ -112,6 +112,7 @@ class Supervisor:
                     self._follow_controls(redis)
                     if time.monotonic() >= next_resolve:
                         resolve_doubt(ledger, self.client, self._current_boot(),
+                                      worker_id=self.worker_id,
                                       min_age=self.config.timeouts.lease)
                         # as often as a lease: doubt younger than a lease is left alone
                         next_resolve = time.monotonic() + min(10.0, self.config.timeouts.lease)

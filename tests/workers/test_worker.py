@@ -118,19 +118,24 @@ def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, 
 def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine, farm_toml):
     config = load_config(farm_toml)
     ledger = Ledger.from_config(r, config)
-    ledger.submit([("p", b'{"id": "p", "prompt": "x", "member_lengths": [5, 5]}')])
+    ledger.submit([("p", b'{"id": "p", "prompt": "x", "member_lengths": [5, 5]}'),
+                   ("q", b'{"id": "q", "prompt": "x", "member_lengths": [5, 5]}')])
     a, b = ledger.admit().attempt_ids
+    c_, d_ = ledger.admit().attempt_ids
     client = SGLangClient(engine.url)
     ledger.start(a, "w", engine.url, "old-boot", 30)
     ledger.start(b, "w", engine.url, "boot-now", 30)
-    ledger.mark_doubtful(a, "lease_expired")
-    ledger.mark_doubtful(b, "lease_expired")
-    assert resolve_doubt(ledger, client, "boot-now", min_age=3600) == {}  # too recent
-    outcome = resolve_doubt(ledger, client, "boot-now", min_age=0)
+    # another host's worker: its replica listens on the same loopback URL, on its host
+    ledger.start(c_, "other-host-gpu0", engine.url, "their-boot", 30)
+    for aid in (a, b, c_):
+        ledger.mark_doubtful(aid, "lease_expired")
+    assert resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=3600) == {}
+    outcome = resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=0)
     assert outcome == {a: "replica restarted: retried", b: "confirmed stopped: retried"}
+    assert ledger.attempt(c_).state == "doubtful"  # not ours to settle: left alone
     c = ledger.counters()
     assert c["retries:replica_restart"] == 1 and c["retries:lease_expired"] == 1
-    assert c["doubtful"] == 0 and c["reserved"] == 2
+    assert c["doubtful"] == 1 and c["reserved"] == 4
 
 
 def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, farm_toml):

@@ -1,0 +1,47 @@
+"""The documentation: the configuration reference is what the config structs say, and
+`mkdocs build --strict` builds both languages without a warning."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from queue_rollout.config_doc import MEANINGS, reference_markdown, sections, undocumented
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_config_key_has_a_meaning_in_both_languages():
+    assert undocumented() == []
+    keys = {key for _, fields in sections() for key, _ in fields}
+    assert set(MEANINGS) == keys  # no meaning left for a key that is gone
+    assert all(en and zh for en, zh in MEANINGS.values())
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_configuration_reference_pages_are_generated_from_the_structs(lang):
+    page = ROOT / "docs" / lang / "config-reference.md"
+    assert page.read_text() == reference_markdown(lang), (
+        f"regenerate: python -m queue_rollout.config_doc {lang} > {page.relative_to(ROOT)}")
+
+
+def test_both_languages_have_the_same_pages():
+    en = sorted(p.name for p in (ROOT / "docs" / "en").glob("*.md"))
+    zh = sorted(p.name for p in (ROOT / "docs" / "zh").glob("*.md"))
+    assert en == zh
+
+
+def test_mkdocs_builds_strict(tmp_path):
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
+    if mkdocs is None:
+        pytest.skip("mkdocs not installed (it comes with the dev extra: pip install '.[dev]')")
+    proc = subprocess.run([mkdocs, "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "site" / "en" / "config-reference" / "index.html").exists()
+    assert (tmp_path / "site" / "zh" / "benchmarks" / "index.html").exists()
