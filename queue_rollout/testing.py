@@ -6,10 +6,27 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from pathlib import Path
 
 from .procs import cli_exe
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition",
+             tick: Callable[[], object] | None = None, every: float = 0.1) -> T:
+    """Poll *predicate* until it returns something true and return that; fail the test
+    (AssertionError naming *what*) after *timeout* seconds. *tick* runs between polls."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if tick is not None:
+            tick()
+        time.sleep(every)
+    return value
 
 
 class FakeClock:

@@ -44,6 +44,7 @@ from queue_rollout.redis_conn import connect
 from queue_rollout.results import EpisodeResult, encode_result
 from queue_rollout.workers.sglang_client import SGLangClient
 from queue_rollout.workers.sim_engine import ThreadedSimEngine
+from queue_rollout.testing import wait_for
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
@@ -171,14 +172,6 @@ def farm_toml(path: Path, url: str, state_dir: Path) -> Path:
     return path
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def snapshot(client: redis.Redis) -> dict[str, object]:

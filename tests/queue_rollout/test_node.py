@@ -10,7 +10,6 @@ import socket
 import subprocess
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from queue_rollout.errors import ConfigError
 from queue_rollout.keys import Keys
 from queue_rollout.node import parse_gpus
 from queue_rollout.procs import cli_exe
+from queue_rollout.testing import wait_for
 
 
 def test_gpu_lists():
@@ -35,12 +35,6 @@ def test_gpu_lists():
         parse_gpus("3-1")
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
 
 
 def free_ports(n: int) -> int:

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -26,18 +25,11 @@ from queue_rollout.results import decode_result
 from queue_rollout.workers.sglang_client import SGLangClient
 from queue_rollout.workers.sim_engine import ThreadedSimEngine
 from queue_rollout.workers.workflows import episode_seed
+from queue_rollout.testing import wait_for
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
 
-def wait_for(predicate, timeout: float, what: str, tick=None):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        if tick:
-            tick()
-        time.sleep(0.1)
-    return value
 
 
 def write_toml(path: Path, redis_url: str, *, group_size: int, slots: int, lease: int) -> Path:

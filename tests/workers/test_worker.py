@@ -22,16 +22,9 @@ from queue_rollout.status import farm_status
 from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.sglang_client import SGLangClient
 from queue_rollout.workers.sim_engine import ThreadedSimEngine
+from queue_rollout.testing import wait_for
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture
