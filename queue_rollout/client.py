@@ -14,6 +14,7 @@ Results are deleted from Redis once their batch is acknowledged.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, load_config
-from .errors import BadInput, BarrierTimeout
-from .ledger import Ledger
+from .errors import BadInput, BarrierTimeout, RedisUnavailable
+from .ledger import Delivery, Ledger
 from .prompts import check_prompt
 from .redis_conn import connect_config, mask_url, resolve_url
 from .results import decode_result
 from .status import farm_status
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,11 @@ class RolloutClient:
     def get_batch(self, timeout: float | None = None, max_poll_s: float = 0.5) -> Batch:
         """Wait for exactly B complete, accepted groups (or this consumer's unacknowledged
         batch); raises BarrierTimeout after *timeout* seconds. The ledger is polled at
-        intervals growing from 20 ms to *max_poll_s*."""
+        intervals growing from 20 ms to *max_poll_s*; while Redis is unreachable it is
+        polled on (a restarted Redis is found again), until the timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = min(0.02, max_poll_s)
-        while (delivery := self.ledger.pop_batch(self.consumer)) is None:
+        while (delivery := self._pop_batch()) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise BarrierTimeout(f"no batch of {self.config.rollout.batch_size} groups "
                                      f"within {timeout:g}s")
@@ -105,6 +109,13 @@ class RolloutClient:
             delay = min(delay * 1.5, max_poll_s)
         return Batch(delivery.batch.id, delivery.batch.version,
                      [self._group(gid) for gid in delivery.batch.groups], delivery.redelivered)
+
+    def _pop_batch(self) -> Delivery | None:
+        try:
+            return self.ledger.pop_batch(self.consumer)
+        except RedisUnavailable as exc:
+            log.warning("get_batch: %s; retrying", exc)
+            return None
 
     def _group(self, group_id: str) -> Group:
         record, prompt, raws = self.ledger.group_with_results(group_id)

@@ -50,6 +50,7 @@ class Supervisor:
         self._stop = False
         self._paused_epoch: int | None = None  # the pause epoch our replica is paused for
         self._weights_epoch = 0  # the last weight update applied (0: none yet)
+        self._last_warning, self._last_warning_at = "", 0.0
 
     # -- start -----------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class Supervisor:
                 except (RedisUnavailable, RedisError, EngineError) as exc:
                     # Redis away (its raw errors too: these calls go straight to redis-py)
                     # or the replica: keep the episode processes, try again next round
-                    log.warning("worker %s: %s", self.worker_id, exc)
+                    self._warn(str(exc))
                 time.sleep(self.poll_s)
         finally:
             self._shutdown(redis)
@@ -153,6 +154,13 @@ class Supervisor:
                 answer = f"{self._weights_epoch} error: {exc}"
             redis.hset(self.keys.acks, f"weights:{self.worker_id}", answer)
             log.info("worker %s: weights %s", self.worker_id, answer)
+
+    def _warn(self, message: str) -> None:
+        """Log a failed round, at most once every 5 s while the message stays the same."""
+        now = time.monotonic()
+        if message != self._last_warning or now - self._last_warning_at >= 5.0:
+            log.warning("worker %s: %s", self.worker_id, message)
+            self._last_warning, self._last_warning_at = message, now
 
     def _current_boot(self) -> str:
         """The replica's boot id now (sim reports it; SGLang keeps the one given)."""
