@@ -19,9 +19,11 @@ from queue_rollout.collector import Collector
 from queue_rollout.config import load_config
 from queue_rollout.embedded import free_port
 from queue_rollout.errors import ConfigError
+from queue_rollout.doctor import examine
 from queue_rollout.keys import Keys
 from queue_rollout.node import parse_gpus
 from queue_rollout.procs import cli_exe
+from queue_rollout.records import decode_attempt
 from queue_rollout.testing import wait_for
 
 
@@ -65,6 +67,7 @@ def write_farm(tmp_path: Path, redis_url: str, engine: str) -> Path:
         max_staleness = 100
         [timeouts]
         shutdown_grace = 2
+        lease = 3
         [engine]
         slots_per_replica = 2
         base_port = {free_ports(2)}
@@ -98,6 +101,11 @@ def pids_with(*texts: str) -> list[int]:
     return out
 
 
+def attempts(client: RolloutClient) -> list:
+    return [(aid.decode(), decode_attempt(raw)) for aid, raw in
+            client.ledger.client.hgetall(client.ledger.keys.attempts).items()]
+
+
 def start_node(toml: Path, gpus: str, env: dict | None = None) -> subprocess.Popen:
     # from the farm's folder: `python -m` puts the working directory on sys.path, and a
     # source checkout there would shadow the installed package
@@ -109,6 +117,9 @@ def start_node(toml: Path, gpus: str, env: dict | None = None) -> subprocess.Pop
 
 def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_stops(
         tmp_path, redis_url, r):
+    """Replica gpu0 is killed with episodes in flight: node restarts it under a new boot
+    id and its worker with it; the worker settles the old boot's attempts as stopped
+    (the boot changed) and runs them again; every group comes out whole."""
     toml = write_farm(tmp_path, redis_url, 'kind = "sim"\nstep_ms = 1.0')
     node = start_node(toml, "0-1")
     stop = threading.Event()
@@ -128,6 +139,11 @@ def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_sto
             assert [len(m.output_ids) for m in batch.groups[0].members] == [20, 40]
             client.ack(batch)
 
+        # long episodes (3 s), so that replica gpu0 dies with some of them in flight
+        client.submit([{"id": f"q{i}", "prompt": "x", "member_lengths": [3000, 3000]}
+                       for i in range(4)])
+        on_gpu0 = wait_for(lambda: [aid for aid, a in attempts(client) if a.state == "running"
+                                    and a.worker.endswith("-gpu0")], 30, "episodes on gpu0")
         victim = pids_with("sim-engine", f"--boot-id {first[0]}")
         assert len(victim) == 1
         os.kill(victim[0], signal.SIGKILL)  # replica gpu0 dies
@@ -137,6 +153,15 @@ def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_sto
         # its worker is restarted against the new boot; gpu1's is left alone
         wait_for(lambda: registered(r).get(0) == new_boot["boot_id"], 60, "worker re-pinned")
         assert registered(r)[1] == first[1]
+        for _ in range(4):  # the killed episodes ran again: every group whole
+            batch = client.get_batch(timeout=90)
+            assert [len(m.output_ids) for m in batch.groups[0].members] == [3000, 3000]
+            client.ack(batch)
+        counters = client.ledger.counters()
+        assert counters.get("retries:replica_restart", 0) >= 1, counters
+        assert counters["consumed"] == 8 and counters.get("reserved", 0) == 0
+        assert examine(client.ledger.client, client.ledger.keys).ok
+        assert on_gpu0
     finally:
         stop.set()
         node.send_signal(signal.SIGTERM)
