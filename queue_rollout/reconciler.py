@@ -5,8 +5,10 @@ node can confirm that, see ``workers/resolver.py``); it only notices what may ha
 gone wrong and says so:
 
 - a running attempt whose lease expired becomes doubtful (``lease_expired``);
-- a queued attempt with no RQ job anywhere (neither in the outbox nor in RQ) is handed
-  to the outbox again: nothing ran, so nothing is in doubt. Only attempts queued for
+- a queued attempt with no RQ job anywhere (neither in the outbox nor in RQ, or a job
+  marked queued that is in no queue: taken by a worker that lost Redis before it
+  started the attempt) is handed to the outbox again: nothing ran, so nothing is in
+  doubt. Only attempts queued for
   longer than a lease are looked at: a lost job is rare (RQ's data lost with Redis)
   and not urgent, and a farm with a deep queue would otherwise pay a few round trips
   per queued attempt on every scan;
@@ -19,10 +21,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from .config import Config
+from .dispatch import episode_queue
 from .ledger import Ledger
 from .records import decode_attempt
 
@@ -86,7 +89,7 @@ class Reconciler:
             job = (Job.fetch(aid, connection=client, serializer=JSONSerializer)
                    if Job.exists(aid, client) else None)
             if job is not None and not (job.is_finished or job.is_failed or job.is_stopped
-                                        or job.is_canceled):
+                                        or job.is_canceled or self._orphaned(job)):
                 continue  # waiting in RQ, or being picked up
             now_record = client.hget(keys.attempts, aid)
             if now_record is None or decode_attempt(now_record).state != "queued":
@@ -97,3 +100,12 @@ class Reconciler:
             log.warning("attempt %s: its RQ job was lost; handed to the outbox again", aid)
             requeued.append(aid)
         return requeued
+
+    def _orphaned(self, job: Job) -> bool:
+        """A job still marked queued that is in no queue: taken by a worker that lost
+        Redis (or its process) between taking it and starting it, e.g. stranded in
+        RQ's intermediate queue by a Redis crash."""
+        if job.get_status(refresh=False) != JobStatus.QUEUED:
+            return False
+        queue = episode_queue(self.ledger.client, self.ledger.keys)
+        return self.ledger.client.lpos(queue.key, job.id) is None

@@ -64,3 +64,19 @@ def test_a_queued_attempt_whose_job_vanished_goes_back_to_the_outbox(r, clock):
     assert rec.tick().requeued == [a]
     assert flush_outbox(r, ledger.keys) == 1
     assert sorted(queue.job_ids) == sorted([a, b])
+
+
+def test_a_job_stranded_out_of_its_queue_is_handed_back(r, clock):
+    """A Redis crash can leave a job marked queued in no queue (RQ's worker had moved it
+    to its intermediate list): after a lease the attempt is enqueued again."""
+    ledger, rec = make(r, clock)
+    ledger.submit(trivial_prompts(1))
+    a, b = ledger.admit().attempt_ids
+    flush_outbox(r, ledger.keys)
+    queue = episode_queue(r, ledger.keys)
+    r.lrem(queue.key, 1, a)  # taken off the queue, never started
+    clock.now += 31
+    assert rec.tick().requeued == [a]  # b still waits in its queue: left alone
+    assert flush_outbox(r, ledger.keys) == 1
+    assert sorted(queue.job_ids) == sorted([a, b])
+
