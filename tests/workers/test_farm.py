@@ -100,9 +100,9 @@ def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(r
 
 
 def test_a_long_episode_is_never_taken_for_abandoned_while_its_worker_lives(r, redis_url, tmp_path):
-    toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=1, slots=1, lease=1)
+    toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=1, slots=1, lease=2)
     with ExitStack() as stack:
-        farm = Farm(stack, toml, replicas=1, step_ms=2.0)  # 15,000 tokens: 30 s, 30 leases
+        farm = Farm(stack, toml, replicas=1, step_ms=2.0)  # 15,000 tokens: 30 s, 15 leases
         ledger = Ledger.from_config(r, farm.config)
         reconciler = Reconciler(ledger, farm.config)
         ledger.submit([("long", b'{"id": "long", "prompt": "x", "member_lengths": [15000]}')])
