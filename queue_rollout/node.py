@@ -5,7 +5,8 @@ For each GPU i: a replica on port ``engine.base_port + i`` — SGLang
 the GPU, ``--enable-metrics``, ``--enable-deterministic-inference`` when
 ``engine.deterministic``, ``--max-running-requests engine.slots_per_replica``, then
 ``engine.sglang_args``) or, with ``engine.kind = "sim"``, a simulated replica. Every
-replica start gets a new boot id, recorded in ``<state_dir>/node/boots.jsonl``; once the
+replica start gets a new boot id, recorded in ``<state_dir>/node/boots.jsonl`` (a
+simulated replica's requests go to ``requests-gpuN.jsonl`` beside it); once the
 replica answers ``/health``, a worker pinned to it starts with that boot id
 (``--boot-id``). When a replica dies it is restarted with backoff under a new boot id,
 and its worker is restarted too, so the worker settles the old boot's attempts as
@@ -50,13 +51,16 @@ def parse_gpus(text: str) -> list[int]:
     return gpus
 
 
-def replica_argv(config: Config, gpu: int, port: int, boot_id: str) -> list[str]:
-    """The command line of the replica for *gpu* (pinned through the environment)."""
+def replica_argv(config: Config, gpu: int, port: int, boot_id: str,
+                 request_log: Path | None = None) -> list[str]:
+    """The command line of the replica for *gpu* (pinned through the environment); a
+    simulated replica appends its requests to *request_log*."""
     e = config.engine
     if e.kind == "sim":
         return [cli_exe(), "sim-engine", "--port", str(port), "--slots", str(e.slots_per_replica),
                 "--step-ms", str(e.step_ms), "--step-ms-per-request",
-                str(e.step_ms_per_request), "--boot-id", boot_id]
+                str(e.step_ms_per_request), "--boot-id", boot_id,
+                *(["--request-log", str(request_log)] if request_log else [])]
     if not e.model_path:
         raise ConfigError('engine.model_path: `node` with engine.kind = "sglang" needs the model')
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", e.model_path,
@@ -108,7 +112,8 @@ class Node:
         """Before every replica start: a new boot id; the worker waits for health."""
         slot.boot_id = uuid.uuid4().hex
         slot.healthy = False
-        slot.replica.argv = replica_argv(self.config, slot.gpu, slot.port, slot.boot_id)
+        slot.replica.argv = replica_argv(self.config, slot.gpu, slot.port, slot.boot_id,
+                                         self.state_dir / f"requests-gpu{slot.gpu}.jsonl")
         if slot.worker is not None and slot.worker.proc is not None:
             stop_all([slot.worker.proc], self.config.timeouts.shutdown_grace + 30)
         slot.worker = None
@@ -156,8 +161,9 @@ def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = 
     replica_argv(config, gpus[0], config.engine.base_port, "check")  # refuse bad config now
     state = Path(config.farm.state_dir) / "node"
     node = Node(config, state / "node.toml", gpus, state)
+    first = config.engine.base_port
     print(f"node: {len(gpus)} GPUs ({', '.join(map(str, gpus))}), {config.engine.kind} "
-          f"replicas on ports {config.engine.base_port}..{config.engine.base_port + len(gpus) - 1}; "
+          f"replicas on ports {first}..{first + len(gpus) - 1}; "
           f"boot ids in {state / 'boots.jsonl'}; Ctrl-C stops it", flush=True)
     try:
         while not stop.is_set():

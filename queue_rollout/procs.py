@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+HEALTHY_S = 10.0  # a child that ran this long before it died restarts without backoff
 
 
 def cli_exe() -> str:
@@ -37,7 +38,9 @@ def stop_all(procs: Iterable[subprocess.Popen], timeout: float) -> None:
 
 @dataclass
 class Supervised:
-    """A child that is restarted with backoff (0.5 s doubling to 30 s) when it exits."""
+    """A child that is restarted with backoff (0.5 s doubling to 30 s) when it exits; a
+    child that ran for ``HEALTHY_S`` or longer before it exited starts the backoff over
+    (a crash loop backs off, an occasional death does not add up)."""
 
     name: str
     argv: list[str]
@@ -47,13 +50,17 @@ class Supervised:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     next_start: float = 0.0
+    started_at: float = 0.0
+    clock: Callable[[], float] = time.monotonic
 
     def keep(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self.proc is not None and self.proc.poll() is None:
             return
         if self.proc is not None:
             log.warning("%s exited (%s); restarting", self.name, self.proc.returncode)
+            if now - self.started_at >= HEALTHY_S:
+                self.restarts = 0
             self.restarts += 1
             self.next_start = now + min(30.0, 0.5 * 2 ** min(self.restarts, 6))
             self.proc = None
@@ -66,4 +73,5 @@ class Supervised:
                 with self.log_path.open("ab") as log_file:
                     self.proc = subprocess.Popen(self.argv, env=self.env,
                                                  stdout=subprocess.DEVNULL, stderr=log_file)
+            self.started_at = now
             log.info("%s started (pid %d)", self.name, self.proc.pid)

@@ -154,8 +154,8 @@ class SimModel:
         self.running.pop(r.rid, None)
         if r in self.waiting:
             self.waiting.remove(r)
-        self.log.append({"rid": r.rid, "arrived": r.arrived, "started": r.started,
-                         "ended": self.now, "tokens": r.tokens,
+        self.log.append({"rid": r.rid, "seed": r.seed, "arrived": r.arrived,
+                         "started": r.started, "ended": self.now, "tokens": r.tokens,
                          "finish": finish_reason["type"]})
         if r.on_done is not None:
             r.on_done(r, finish_reason)

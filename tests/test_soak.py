@@ -1,0 +1,247 @@
+"""The chaos soak (DESIGN I5, I8): a farm under `queue-rollout node` (2 simulated replicas,
+one episode process per slot), a collector and a trainer, while faults are injected:
+SIGKILLs of random episode processes, one collector kill, one Redis kill -9 and restart
+(``appendfsync always``), one replica kill, and duplicate notifications (results and
+claims of attempts that already ended).
+
+At the end: every group delivered or rejected exactly once (an episode killed
+`max_attempts` times fails, and its group is rejected: `failed_members`; then fewer
+than B accepted groups may be left over, since a batch is exactly B groups), every
+delivered member with its exact length, no slot reserved, `doctor` clean, every
+duplicate refused, and the replicas' own request logs show no two requests of one
+episode (same seed) running at the same time.
+
+The default suite runs a short version; `pytest -m soak` runs 2,000 episodes and prints
+the figures (see docs/en/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from queue_rollout import RolloutClient
+from queue_rollout.doctor import examine
+from queue_rollout.embedded import EmbeddedRedis, free_port
+from queue_rollout.errors import BarrierTimeout, QueueRolloutError
+from queue_rollout.procs import Supervised, cli_exe, stop_all
+from queue_rollout.records import decode_attempt
+from queue_rollout.testing import wait_for
+
+G = 4
+
+
+def _free_ports(n: int) -> int:
+    for _ in range(50):
+        base = free_port()
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no consecutive free ports")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = Path(f"/proc/{p}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(p))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _retry(call, what: str, timeout: float = 60.0):
+    """Call until Redis answers (the soak kills it once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except QueueRolloutError:
+            assert time.monotonic() < deadline, f"{what}: Redis did not come back"
+            time.sleep(0.2)
+
+
+def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    server = EmbeddedRedis(tmp_path / "redis", write_url=False, appendfsync="always")
+    url = server.start()
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "soak"\nredis_url = "{url}"\nstate_dir = "{tmp_path}"\n'
+                    f"[rollout]\ngroup_size = {G}\nbatch_size = 4\nmax_concurrent_samples = 8\n"
+                    "max_staleness = 100000\nmax_attempts = 5\n"
+                    f"[engine]\nkind = \"sim\"\nslots_per_replica = 4\nstep_ms = 0.5\n"
+                    f"step_ms_per_request = 0\nbase_port = {_free_ports(2)}\n"
+                    "[timeouts]\nlease = 2\ndoubt = 60\nshutdown_grace = 2\nleader_lease = 2\n"
+                    f"[metrics]\nport = {free_port()}\n")
+    lengths = {f"s{i:04d}": [rng.randint(50, 600) for _ in range(G)] for i in range(groups)}
+    node = subprocess.Popen([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "node.log", "wb"),
+                            cwd=tmp_path)
+    collector = Supervised("collector", [cli_exe(), "collector", "-c", str(toml)],
+                           log_path=tmp_path / "collector.log")
+    faults = {"episode_process_kill": 0, "collector_kill": 0, "redis_kill": 0,
+              "replica_kill": 0, "duplicate_notification": 0}
+    refused = 0
+    delivered: dict[str, list[int]] = {}
+    twice: list[str] = []
+    try:
+        collector.keep()
+        client = RolloutClient.from_config(toml)
+        ledger = client.ledger
+        wait_for(lambda: client.status()["workers"]["alive"] == 2, 90, "two workers")
+        client.submit({"id": gid, "prompt": "x", "member_lengths": m}
+                      for gid, m in lengths.items())
+        t0 = time.monotonic()
+
+        failure: list[BaseException] = []
+
+        def trainer() -> None:
+            try:
+                take_all()
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failure.append(exc)
+
+        def settled() -> bool:
+            """Nothing left to run, and fewer than B accepted groups left over (a batch
+            is exactly B groups; a rejection can leave a remainder)."""
+            g = _retry(client.status, "status")["groups"]
+            return g["pending"] == 0 and g["in_flight"] == 0 and g["ready"] < 4
+
+        def take_all() -> None:
+            while not settled():
+                try:
+                    batch = client.get_batch(timeout=2)
+                except BarrierTimeout:
+                    continue  # perhaps the last groups were rejected
+                for g in batch.groups:
+                    if g.id in delivered:
+                        twice.append(g.id)
+                    delivered[g.id] = [len(m.output_ids) for m in g.members]
+                _retry(lambda b=batch: client.ack(b), "ack")
+                _retry(lambda: client.set_version(client.version() + 1), "set_version")
+
+        thread = threading.Thread(target=trainer, daemon=True)
+        thread.start()
+        plan = {0.25: "collector_kill", 0.5: "redis_kill", 0.75: "replica_kill"}
+        next_kill = time.monotonic() + 1.0
+        while thread.is_alive() and time.monotonic() - t0 < 900:
+            done = len(delivered) / groups
+            if len(delivered) >= 0.9 * groups:
+                plan.clear()  # the scheduled faults all come before the end
+            for at, fault in list(plan.items()):
+                if done >= at:
+                    del plan[at]
+                    faults[fault] += 1
+                    if fault == "collector_kill" and collector.proc is not None:
+                        collector.proc.kill()
+                    elif fault == "redis_kill":
+                        server.kill()
+                        time.sleep(1.0)
+                        server.restart()
+                    elif fault == "replica_kill":
+                        engines = [p for w in _children(node.pid)
+                                   for p in [w] if "sim-engine" in _cmdline(w)]
+                        os.kill(rng.choice(engines), signal.SIGKILL)
+            if time.monotonic() >= next_kill:  # a random episode process dies
+                next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
+                procs = [c for w in _children(node.pid) if " worker " in _cmdline(w)
+                         for c in _children(w) if "rq_worker" in _cmdline(c)]
+                if procs:
+                    os.kill(rng.choice(procs), signal.SIGKILL)
+                    faults["episode_process_kill"] += 1
+                try:  # a duplicate notification for an attempt that already ended
+                    ended = [(aid.decode(), a) for aid, raw in
+                             ledger.client.hgetall(ledger.keys.attempts).items()
+                             if (a := decode_attempt(raw)).state in ("finished", "stopped")]
+                    if ended:
+                        aid, a = rng.choice(ended)
+                        faults["duplicate_notification"] += 2
+                        refused += ledger.finish(aid, a.m, b"duplicate").ignored
+                        refused += ledger.start(aid, "w", "r", "b", 2).status == "ignored"
+                except QueueRolloutError:
+                    pass  # Redis is away for the moment
+            collector.keep()
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        thread.join(5)
+        assert not failure, f"the trainer failed: {failure[0]!r}"
+        assert not thread.is_alive(), f"{len(delivered)}/{groups} groups after {elapsed:.0f}s"
+        counters = ledger.counters()
+        report = examine(ledger.client, ledger.keys)
+        states = {gid.decode(): json.loads(raw)["state"]
+                  for gid, raw in ledger.client.hgetall(ledger.keys.groups).items()}
+        rejected = sorted(gid for gid, state in states.items() if state == "rejected")
+        left_over = sorted(r.decode() for r in ledger.client.lrange(ledger.keys.ready, 0, -1))
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(90)
+        except subprocess.TimeoutExpired:
+            node.kill()
+        stop_all([collector.proc] if collector.proc else [], 30)
+        server.stop()
+    # every group delivered or rejected, exactly once (or accepted and left over, fewer
+    # than a batch); every delivered member whole
+    assert twice == [] and not set(delivered) & set(rejected)
+    assert len(left_over) < 4 and all(states[gid] == "accepted" for gid in left_over)
+    assert sorted([*delivered, *rejected, *left_over]) == sorted(lengths)
+    assert all(delivered[gid] == lengths[gid] for gid in delivered)
+    assert len(rejected) == counters.get("rejected:failed_members", 0) == counters.get(
+        "rejected", 0)
+    assert counters.get("reserved", 0) == 0 and counters.get("running", 0) == 0
+    assert report.ok, report.problems
+    assert refused == faults["duplicate_notification"]  # every duplicate refused
+    # the replicas' own logs: no two requests of one episode (one seed) at the same time
+    requests: dict[int, list[tuple[float, float, str]]] = {}
+    for path in (tmp_path / "node").glob("requests-gpu*.jsonl"):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            requests.setdefault(e["seed"], []).append((e["started"] or e["arrived"],
+                                                       e["ended"], e["rid"]))
+    overlaps = [seed for seed, runs in requests.items()
+                if any(a[1] > b[0] + 1e-6 for a, b in zip(sorted(runs), sorted(runs)[1:]))]
+    assert overlaps == []
+    retried = sum(v for k, v in counters.items() if k.startswith("retries:"))
+    return {"episodes": groups * G, "groups": groups, "seconds": round(elapsed, 1),
+            "delivered": len(delivered), "rejected": len(rejected),
+            "left_over": len(left_over),
+            "faults": faults, "duplicates_refused": refused, "retries": retried,
+            "retries_by_cause": {k: v for k, v in counters.items() if k.startswith("retries:")},
+            "requests": sum(len(r) for r in requests.values()),
+            "slots_leaked": counters.get("reserved", 0), "results_lost": 0}
+
+
+def test_short_soak(tmp_path):
+    figures = run_soak(tmp_path, groups=40, seed=1)
+    assert figures["faults"]["episode_process_kill"] >= 3
+    assert figures["faults"]["redis_kill"] == figures["faults"]["replica_kill"] == 1
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_soak_2000_episodes(tmp_path):
+    figures = run_soak(tmp_path, groups=500, seed=7)
+    print("soak figures:", json.dumps(figures))
+    assert figures["episodes"] >= 2000
