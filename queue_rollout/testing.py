@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 from pathlib import Path
 
+from .embedded import free_port
 from .procs import cli_exe
 
 T = TypeVar("T")
@@ -69,3 +71,18 @@ def farm_up(toml: Path) -> Iterator[str]:
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(90) == 0
+
+
+def free_ports(n: int) -> int:
+    """A port p with p .. p+n-1 all free just now (node's replica i uses base_port + i)."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
+

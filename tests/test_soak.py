@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,22 +33,10 @@ from queue_rollout.embedded import EmbeddedRedis, free_port
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 from queue_rollout.records import decode_attempt
-from queue_rollout.testing import wait_for
+from queue_rollout.testing import free_ports, wait_for
 
 G = 4
 
-
-def _free_ports(n: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no consecutive free ports")
 
 
 def _children(pid: int) -> list[int]:
@@ -92,7 +79,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
                     f"[rollout]\ngroup_size = {G}\nbatch_size = 4\nmax_concurrent_samples = 8\n"
                     "max_staleness = 100000\nmax_attempts = 5\n"
                     f"[engine]\nkind = \"sim\"\nslots_per_replica = 4\nstep_ms = 0.5\n"
-                    f"step_ms_per_request = 0\nbase_port = {_free_ports(2)}\n"
+                    f"step_ms_per_request = 0\nbase_port = {free_ports(2)}\n"
                     "[timeouts]\nlease = 2\ndoubt = 60\nshutdown_grace = 2\nleader_lease = 2\n"
                     f"[metrics]\nport = {free_port()}\n")
     lengths = {f"s{i:04d}": [rng.randint(50, 600) for _ in range(G)] for i in range(groups)}

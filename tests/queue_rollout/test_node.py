@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import textwrap
 import threading
@@ -17,14 +16,13 @@ import pytest
 from queue_rollout.client import RolloutClient
 from queue_rollout.collector import Collector
 from queue_rollout.config import load_config
-from queue_rollout.embedded import free_port
 from queue_rollout.errors import ConfigError
 from queue_rollout.doctor import examine
 from queue_rollout.keys import Keys
 from queue_rollout.node import parse_gpus
 from queue_rollout.procs import cli_exe
 from queue_rollout.records import decode_attempt
-from queue_rollout.testing import wait_for
+from queue_rollout.testing import free_ports, wait_for
 
 
 def test_gpu_lists():
@@ -38,19 +36,6 @@ def test_gpu_lists():
 
 
 
-
-def free_ports(n: int) -> int:
-    """A port p with p .. p+n-1 all free just now (replica i listens on base_port + i)."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def write_farm(tmp_path: Path, redis_url: str, engine: str) -> Path:
