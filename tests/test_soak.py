@@ -11,6 +11,12 @@ delivered member with its exact length, no slot reserved, `doctor` clean, every
 duplicate refused, and the replicas' own request logs show no two requests of one
 episode (same seed) running at the same time.
 
+Time to detect, per fault kind, measured from the injection: an episode process's
+attempt leaving ``running`` (its lease expired and the reconciler marked it doubtful);
+the collector's leadership passing to the restarted one; Redis answering again and the
+next episode finishing; ``node`` recording a new boot for the killed replica; a
+duplicate being refused (the call's own answer).
+
 The default suite runs a short version; `pytest -m soak` runs 2,000 episodes and prints
 the figures (see docs/en/reliability.md)."""
 
@@ -20,12 +26,17 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from redis.exceptions import RedisError
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
 
 from queue_rollout import RolloutClient
 from queue_rollout.doctor import examine
@@ -70,6 +81,59 @@ def _retry(call, what: str, timeout: float = 60.0):
             time.sleep(0.2)
 
 
+class Detections:
+    """Faults waiting to be noticed: (kind, injected at, predicate); polled each round.
+    A predicate answers True (noticed), False (not yet) or None (nothing to notice)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, float, Callable[[], bool | None]]] = []
+        self.seconds: dict[str, list[float]] = {}
+
+    def watch(self, kind: str, check: Callable[[], bool | None], since: float | None = None) -> None:
+        self.pending.append((kind, time.monotonic() if since is None else since, check))
+
+    def record(self, kind: str, seconds: float) -> None:
+        self.seconds.setdefault(kind, []).append(seconds)
+
+    def poll(self) -> None:
+        for item in list(self.pending):
+            kind, since, check = item
+            try:
+                seen = check()
+            except QueueRolloutError:
+                continue  # Redis is away for the moment
+            if seen is not False:
+                self.pending.remove(item)
+            if seen:
+                self.record(kind, time.monotonic() - since)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {kind: {"n": len(v), "median_s": round(statistics.median(v), 3),
+                       "max_s": round(max(v), 3)} for kind, v in sorted(self.seconds.items())}
+
+
+def _running_attempt(ledger, pid: int) -> str | None:
+    """The attempt (= RQ job id) the RQ worker in process *pid* is running."""
+    try:
+        for worker in Worker.all(connection=ledger.client, serializer=JSONSerializer):
+            if worker.pid == pid:
+                return worker.get_current_job_id()
+    except RedisError:
+        pass  # Redis is away for the moment
+    return None
+
+
+def _attempt_noticed(ledger, aid: str) -> bool | None:
+    """The killed process's attempt left ``running``; None if it had ended before."""
+    state = ledger.attempt(aid).state
+    return None if state in ("finished", "failed") else state != "running"
+
+
+def _boots(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "node" / "boots.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
     rng = random.Random(seed)
     server = EmbeddedRedis(tmp_path / "redis", write_url=False, appendfsync="always")
@@ -91,6 +155,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
     faults = {"episode_process_kill": 0, "collector_kill": 0, "redis_kill": 0,
               "replica_kill": 0, "duplicate_notification": 0}
     refused = 0
+    detections = Detections()
     delivered: dict[str, list[int]] = {}
     twice: list[str] = []
     try:
@@ -142,22 +207,36 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
                     del plan[at]
                     faults[fault] += 1
                     if fault == "collector_kill" and collector.proc is not None:
+                        holder = ledger.client.hget(ledger.keys.leader, "holder")
                         collector.proc.kill()
+                        detections.watch(fault, lambda h=holder: ledger.client.hget(
+                            ledger.keys.leader, "holder") not in (None, h))
                     elif fault == "redis_kill":
+                        killed_at = time.monotonic()
                         server.kill()
                         time.sleep(1.0)
                         server.restart()
+                        before = _retry(lambda: ledger.counters().get("finished", 0), "counters")
+                        detections.watch(fault, lambda b=before: ledger.counters().get(
+                            "finished", 0) > b, since=killed_at)
                     elif fault == "replica_kill":
                         engines = [p for w in _children(node.pid)
                                    for p in [w] if "sim-engine" in _cmdline(w)]
+                        boots = len(_boots(tmp_path))
                         os.kill(rng.choice(engines), signal.SIGKILL)
+                        detections.watch(fault, lambda b=boots: len(_boots(tmp_path)) > b)
             if time.monotonic() >= next_kill:  # a random episode process dies
                 next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
                 procs = [c for w in _children(node.pid) if " worker " in _cmdline(w)
                          for c in _children(w) if "rq_worker" in _cmdline(c)]
                 if procs:
-                    os.kill(rng.choice(procs), signal.SIGKILL)
+                    victim = rng.choice(procs)
+                    aid = _running_attempt(ledger, victim)
+                    os.kill(victim, signal.SIGKILL)
                     faults["episode_process_kill"] += 1
+                    if aid is not None:  # an idle process's death has nothing to detect
+                        detections.watch("episode_process_kill",
+                                         lambda a=aid: _attempt_noticed(ledger, a))
                 try:  # a duplicate notification for an attempt that already ended
                     ended = [(aid.decode(), a) for aid, raw in
                              ledger.client.hgetall(ledger.keys.attempts).items()
@@ -165,11 +244,15 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
                     if ended:
                         aid, a = rng.choice(ended)
                         faults["duplicate_notification"] += 2
+                        sent = time.monotonic()
                         refused += ledger.finish(aid, a.m, b"duplicate").ignored
                         refused += ledger.start(aid, "w", "r", "b", 2).status == "ignored"
+                        detections.record("duplicate_notification",
+                                          (time.monotonic() - sent) / 2)
                 except QueueRolloutError:
                     pass  # Redis is away for the moment
             collector.keep()
+            detections.poll()
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
         thread.join(5)
@@ -214,7 +297,9 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
     return {"episodes": groups * G, "groups": groups, "seconds": round(elapsed, 1),
             "delivered": len(delivered), "rejected": len(rejected),
             "left_over": len(left_over),
-            "faults": faults, "duplicates_refused": refused, "retries": retried,
+            "faults": faults, "time_to_detect": detections.summary(),
+            "undetected": [kind for kind, _, _ in detections.pending],
+            "duplicates_refused": refused, "retries": retried,
             "retries_by_cause": {k: v for k, v in counters.items() if k.startswith("retries:")},
             "requests": sum(len(r) for r in requests.values()),
             "slots_leaked": counters.get("reserved", 0), "results_lost": 0}
@@ -222,6 +307,9 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
 
 def test_short_soak(tmp_path):
     figures = run_soak(tmp_path, groups=40, seed=1)
+    print("soak figures:", json.dumps(figures))
+    assert set(figures["time_to_detect"]) >= {"redis_kill", "replica_kill",
+                                              "duplicate_notification"}
     assert figures["faults"]["episode_process_kill"] >= 3
     assert figures["faults"]["redis_kill"] == figures["faults"]["replica_kill"] == 1
 

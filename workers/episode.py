@@ -8,6 +8,9 @@ alive from a heartbeat thread while the workflow runs, and reports the result
   the runner asks the replica (abort, then probe the rid); confirmed stopped, it is
   retried with the same seed; replica unreachable, it stays doubtful for the resolver.
 - the replica refused the request outright: nothing runs, the attempt is retried.
+  After any replica failure the runner takes no new job until the replica's
+  ``/health`` answers (:meth:`AttemptRunner.await_replica`): a dead replica costs each
+  episode worker one attempt, not one per queued job.
 - the workflow rejected its output, or raised: the episode fails with that reason.
 - the ledger says the attempt was superseded (lost after a doubt timeout): the
   generation is aborted and nothing is reported.
@@ -81,6 +84,7 @@ class AttemptRunner:
         self._live: _Live | None = None
         self._wake = threading.Event()
         self._beat: threading.Thread | None = None
+        self.replica_failed = False  # set by a replica failure; cleared by await_replica
 
     # -- public ----------------------------------------------------------------------
 
@@ -88,6 +92,30 @@ class AttemptRunner:
         """Shutdown: running episodes may finish within the grace period."""
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.config.timeouts.shutdown_grace
+
+    def await_replica(self, stopping: Callable[[], bool], beat: Callable[[], None],
+                      poll_s: float = 1.0) -> None:
+        """After a replica failure, return once its /health answers (or *stopping*),
+        calling *beat* about every 30 s; at once otherwise."""
+        if not self.replica_failed:
+            return
+        since = last_beat = time.monotonic()
+        warned = False
+        while not self.client.healthy(timeout=min(5.0, poll_s * 5)):
+            if stopping():
+                return
+            if not warned:
+                log.warning("replica %s unreachable: no new episode until it is healthy",
+                            self.client.url)
+                warned = True
+            if time.monotonic() - last_beat >= 30:
+                beat()
+                last_beat = time.monotonic()
+            self.sleep(poll_s)
+        if warned:
+            log.info("replica %s healthy again after %.1fs", self.client.url,
+                     time.monotonic() - since)
+        self.replica_failed = False
 
     def run(self, aid: str) -> str:
         """Run attempt *aid*; returns what happened (a word, also logged)."""
@@ -127,6 +155,7 @@ class AttemptRunner:
         try:
             reward = self.workflow.run(ctx)
         except GenerateUncertain as exc:
+            self.replica_failed = True
             return self._doubt(live, "generate_error", str(exc))
         except DuplicateRid as exc:  # our own earlier request still runs
             return self._doubt(live, "generate_error", str(exc))
@@ -137,6 +166,7 @@ class AttemptRunner:
             return self._hand_back(live, "worker_lost")
         except EngineError as exc:
             log.warning("attempt %s: replica refused: %s", aid, exc)
+            self.replica_failed = True
             return self._retry(aid, "generate_error")
         except EpisodeFailed as exc:
             return self._report(aid, ctx, None, outcome="failed", error=str(exc))

@@ -5,8 +5,10 @@ node's loopback, so the worker bound to it settles its doubtful attempts: a chan
 boot id proves the attempt's request died with the old process (``replica_restart``);
 otherwise the rid is aborted and then probed with ``max_new_tokens = 0``, and a probe
 that is not refused as a duplicate proves the request is gone. Either way the attempt
-is retried with the same seed. An attempt doubtful for less than ``min_age`` seconds
-is left alone, so a worker that is alive can still report it (``progress`` revives it).
+is retried with the same seed. An attempt of the current boot doubtful for less than
+``min_age`` seconds is left alone, so a worker that is alive can still report it
+(``progress`` revives it); one of an earlier boot is settled at once, since its request
+died with that boot (a late result of it is refused as superseded).
 
 An attempt is this worker's to settle when this worker started it on this replica: a
 replica's URL alone is not enough, since every host's replicas listen on the same
@@ -34,7 +36,7 @@ def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_
         aid = raw.decode()
         attempt = ledger.attempt(aid)
         if (attempt is None or attempt.worker != worker_id or attempt.replica != client.url
-                or now - since < min_age):
+                or (attempt.boot == boot_id and now - since < min_age)):
             continue
         if attempt.boot != boot_id:
             answer = ledger.retry(aid, cause="replica_restart")

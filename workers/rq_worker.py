@@ -63,6 +63,8 @@ class EpisodeWorker(SimpleWorker):
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None,
                                      max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        # after a replica failure, no job is taken until the replica is healthy again
+        self.runner.await_replica(lambda: self._stop_requested, self.heartbeat)
         if not self.in_thread:
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         while not self._stop_requested:  # one-second polls: a stop request ends the loop

@@ -3,8 +3,16 @@
 The supervisor checks its replica, registers the worker in the farm (its slots count
 toward ``max_concurrent_samples = "auto"``), keeps ``engine.slots_per_replica``
 episode workers (:class:`~.rq_worker.EpisodeWorker`) running, ``engine.threads_per_process`` to a
-process (a dead process is restarted with backoff), settles its replica's doubtful attempts at start and periodically, and on
-SIGTERM passes the signal on, waits for the episodes' grace period, and deregisters.
+process (a dead process is restarted with backoff), settles its replica's doubtful
+attempts at start and periodically, and on SIGTERM passes the signal on, waits for the
+episodes' grace period, and deregisters.
+
+It watches its replica every ``health_s``: ``/health`` failing is logged once and
+recorded (``replica_up`` in the worker's record); a replica that reports its boot id
+(the simulated one does; SGLang does not, and ``queue-rollout node`` restarts the worker
+with every replica start instead) and comes back under a new one gets new episode
+processes bound to the new boot, and its old attempts are settled at once
+(``replica_restart``) instead of at the next periodic round.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ class Supervisor:
     engine_url: str
     boot_id: str = ""
     poll_s: float = 0.05  # pause, resume and weight controls are seen this fast
+    health_s: float = 1.0  # the replica's /health (and boot id) are checked this often
     children: list[Supervised] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -51,6 +60,8 @@ class Supervisor:
         self._paused_epoch: int | None = None  # the pause epoch our replica is paused for
         self._weights_epoch = 0  # the last weight update applied (0: none yet)
         self._last_warning, self._last_warning_at = "", 0.0
+        self._replica_up = True
+        self._reports_boot = False  # the replica reports a boot id (sim); SGLang does not
 
     # -- start -----------------------------------------------------------------------
 
@@ -60,15 +71,18 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise EngineError(f"replica {self.engine_url} not healthy after {timeout:g}s")
             time.sleep(1.0)
+        reported = str(self.client.server_info().get("boot_id") or "")
+        self._reports_boot = bool(reported)
         if not self.boot_id:
-            self.boot_id = str(self.client.server_info().get("boot_id") or "")
+            self.boot_id = reported
         if not self.boot_id:
             raise ConfigError("the replica reports no boot id (SGLang has none): pass "
                               "--boot-id, as `queue-rollout node` does for each replica start")
 
     def register(self, redis) -> None:
         record = {"host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
-                  "boot": self.boot_id, "slots": self.config.engine.slots_per_replica,
+                  "boot": self.boot_id, "replica_up": self._replica_up,
+                  "slots": self.config.engine.slots_per_replica,
                   "pid": os.getpid(), "started_at": time.time()}
         redis.hset(self.keys.workers, self.worker_id, json.dumps(record))
         redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
@@ -103,7 +117,7 @@ class Supervisor:
         print(f"worker {self.worker_id}: {self.config.engine.slots_per_replica} episode slots in "
               f"{len(self.children)} processes on "
               f"{self.engine_url} (boot {self.boot_id})", flush=True)
-        next_resolve = 0.0
+        next_resolve = next_health = 0.0
         try:
             while not self._stop:
                 for child in self.children:
@@ -111,6 +125,10 @@ class Supervisor:
                 try:
                     redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
                     self._follow_controls(redis)
+                    if time.monotonic() >= next_health:
+                        next_health = time.monotonic() + self.health_s
+                        if self._watch_replica(redis):
+                            next_resolve = 0.0  # a new boot: settle the old one's now
                     if time.monotonic() >= next_resolve:
                         resolve_doubt(ledger, self.client, self._current_boot(),
                                       worker_id=self.worker_id,
@@ -125,6 +143,28 @@ class Supervisor:
         finally:
             self._shutdown(redis)
         return 0
+
+    def _watch_replica(self, redis) -> bool:
+        """One look at the replica; True when it is back (after an outage or under a new
+        boot id): its doubtful attempts can be settled now."""
+        up = self.client.healthy(timeout=max(0.5, self.health_s))
+        boot = self._current_boot() if up and self._reports_boot else self.boot_id
+        if up == self._replica_up and boot == self.boot_id:
+            return False
+        if not up:
+            log.warning("worker %s: replica %s unreachable", self.worker_id, self.engine_url)
+        elif boot != self.boot_id:
+            log.warning("worker %s: replica restarted (boot %s -> %s): new episode processes",
+                        self.worker_id, self.boot_id, boot)
+            self.boot_id = boot
+            stop_all((c.proc for c in self.children if c.proc),
+                     self.config.timeouts.shutdown_grace + 30)
+            self.children = self._children()
+        else:
+            log.info("worker %s: replica %s healthy again", self.worker_id, self.engine_url)
+        self._replica_up = up
+        self.register(redis)
+        return up
 
     def _follow_controls(self, redis) -> None:
         """Pause or resume the replica as the farm's pause flag says, and apply weight

@@ -1,5 +1,5 @@
--- judge.lua: accept or reject a complete group, and acknowledge the events-stream
--- entry that announced it in the same step (a restarted collector judges nothing
+-- judge.lua: accept or reject a complete group, and acknowledge and delete the events
+-- stream entry that announced it in the same step (a restarted collector judges nothing
 -- twice). Accepted groups join the ready queue and keep their staleness budget;
 -- rejected groups give it back and their detail is deleted.
 --
@@ -15,7 +15,7 @@
 -- ARGV[3] = verdict: "accept" or "reject"
 -- ARGV[4] = rejection reason (zero_variance, failed_members, plugin); "" to accept
 -- ARGV[5] = events consumer group name
--- ARGV[6] = events entry id to acknowledge, or ""
+-- ARGV[6] = events entry id to acknowledge and delete, or ""
 -- Returns {'accepted', ''} | {'rejected', reason} | {'ignored', reason}
 
 local counters = KEYS[1]
@@ -23,7 +23,10 @@ local now, gid, verdict = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 if verdict ~= 'accept' and verdict ~= 'reject' then
   return redis.error_reply('judge: verdict must be accept or reject, got ' .. verdict)
 end
-if ARGV[6] ~= '' then redis.call('XACK', KEYS[4], ARGV[5], ARGV[6]) end
+if ARGV[6] ~= '' then  -- acknowledged and deleted: the stream holds unjudged completions
+  redis.call('XACK', KEYS[4], ARGV[5], ARGV[6])
+  redis.call('XDEL', KEYS[4], ARGV[6])
+end
 local g = get_json(KEYS[2], gid)
 if not g then return ignored(counters, 'unknown group') end
 if g.state ~= 'complete' then return ignored(counters, 'group is ' .. g.state) end

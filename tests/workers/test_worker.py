@@ -122,9 +122,11 @@ def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine,
     ledger.start(c_, "other-host-gpu0", engine.url, "their-boot", 30)
     for aid in (a, b, c_):
         ledger.mark_doubtful(aid, "lease_expired")
-    assert resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=3600) == {}
+    # an earlier boot's attempt is settled at once; the current boot's waits min_age
+    outcome = resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=3600)
+    assert outcome == {a: "replica restarted: retried"}
     outcome = resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=0)
-    assert outcome == {a: "replica restarted: retried", b: "confirmed stopped: retried"}
+    assert outcome == {b: "confirmed stopped: retried"}
     assert ledger.attempt(c_).state == "doubtful"  # not ours to settle: left alone
     c = ledger.counters()
     assert c["retries:replica_restart"] == 1 and c["retries:lease_expired"] == 1
@@ -156,3 +158,62 @@ def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at_once(
+        r, tmp_path, farm_toml):
+    """SIGKILL the replica with episodes running and jobs queued; keep it down for 3 s:
+    the episode processes take no job while /health fails (without that gate each one
+    spins through the queue, every job retried as generate_error, until max_attempts
+    fails the episodes). Back under a new boot: new episode processes, the old boot's
+    attempts retried as replica_restart, every episode finished."""
+    from queue_rollout.embedded import free_port
+    from queue_rollout.procs import cli_exe
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def replica() -> subprocess.Popen:
+        proc = subprocess.Popen([cli_exe(), "sim-engine", "--port", str(port), "--slots", "4",
+                                 "--step-ms", "2", "-c", str(farm_toml)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: SGLangClient(url, timeout=1).healthy(timeout=1), what="replica up")
+        return proc
+
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    engine_proc = replica()
+    first_boot = SGLangClient(url).server_info()["boot_id"]
+    log_path = tmp_path / "worker.log"
+    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen([exe, "worker", "--gpu", "0", "--engine-url", url,
+                             "-c", str(farm_toml)], stdout=subprocess.DEVNULL,
+                            stderr=open(log_path, "wb"))
+    try:
+        ledger.submit((f"p{i}", json.dumps({"id": f"p{i}", "prompt": "x",
+                                            "member_lengths": [400, 400]}).encode())
+                      for i in range(4))
+        for _ in range(4):
+            assert ledger.admit().status == "admitted"
+        assert flush_outbox(r, ledger.keys) == 8
+        wait_for(lambda: ledger.counters().get("running", 0) == 2, what="2 running")
+        engine_proc.kill()
+        engine_proc.wait()
+        time.sleep(3.0)
+        c = ledger.counters()
+        retried = sum(v for k, v in c.items() if k.startswith("retries:"))
+        assert retried <= 2, c  # one attempt per episode process, at most
+        assert c.get("failed", 0) == 0
+        engine_proc = replica()
+        wait_for(lambda: ledger.counters().get("finished", 0) == 8, 60, "8 finished episodes",
+                 tick=lambda: flush_outbox(r, ledger.keys))  # retries (no collector here)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        engine_proc.kill()
+    log = log_path.read_text()
+    assert f"replica {url} unreachable" in log
+    assert f"replica restarted (boot {first_boot} -> " in log
+    c = ledger.counters()
+    assert c.get("failed", 0) == 0 and c.get("reserved", 0) == 0
+    assert c.get("retries:replica_restart", 0) + c.get("retries:generate_error", 0) >= 2
