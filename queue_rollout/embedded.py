@@ -128,9 +128,14 @@ class EmbeddedRedis:
         log.debug("embedded redis at %s (data %s)", self.url, self.data_dir)
         return self.url
 
+    def client(self, timeout: float = 1.0) -> redis.Redis:
+        """A client of this server, not yet connected (a subclass that starts it with
+        a password or TLS says how to log in)."""
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=timeout)
+
     def _wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        client = self.client()
         try:
             while time.monotonic() < deadline:
                 if self.proc is None or self.proc.poll() is not None:

@@ -8,32 +8,35 @@ message about a URL shows it with the password masked.
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 
 from .config import Config
-from .errors import LedgerError, RedisUnavailable
+from .errors import ConfigError, LedgerError, RedisUnavailable
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable redis url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """The URL with its password replaced by ``***``: the userinfo's password (up to
+    the last ``@``, so that a password with an unescaped ``/``, ``#`` or ``@`` is
+    hidden whole) and a ``password=`` query parameter. Never raises."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, hostpart = rest.rpartition("@")
+    prefix = ""
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        prefix = f"{user}:***@" if colon else f"{userinfo}@"
+    base, q, query = hostpart.partition("?")
+    if q:
+        params = [p.partition("=")[0] + "=***" if p.partition("=")[0].lower() == "password"
+                  else p for p in query.split("&")]
+        hostpart = f"{base}?{'&'.join(params)}"
+    return f"{scheme}{sep}{prefix}{hostpart}"
 
 
 def url_file(state_dir: str | Path) -> Path:
@@ -55,15 +58,47 @@ def resolve_url(config: Config) -> str:
         ) from None
 
 
+def _url_problem(url: str) -> str:
+    """What is wrong with *url* as a Redis URL ("" if nothing we can see), in words
+    that quote no part of it (a bad port or db may be the tail of a password)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("redis", "rediss", "unix"):
+        return "it must start with redis://, rediss:// or unix://"
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0] or [len(rest)])
+    if rest.count("@") > 1 or "@" in rest[end:]:
+        return "percent-encode the user and password (an '@', '/', '?' or '#' breaks the URL)"
+    if scheme == "unix":
+        return ""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError when not a number
+    except ValueError:
+        return ("the port must be a number (percent-encode the user and password: a ':', "
+                "'/', '?' or '#' in them breaks the URL)")
+    if not parts.hostname:
+        return "it names no host"
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        return "the database (the path) must be a number"
+    return ""
+
+
 def connect(url: str, ca_file: str = "", *, check: bool = True) -> redis.Redis:
-    """A client for *url*; with *check*, PING it first (RedisUnavailable if down)."""
+    """A client for *url*; with *check*, PING it first (RedisUnavailable if down, or
+    if it refuses the login or the TLS handshake). A malformed URL or a *ca_file* that
+    is not there is a ConfigError; no message shows the password."""
+    problem = _url_problem(url)
+    if problem:
+        raise ConfigError(f"farm.redis_url: bad Redis URL {mask_url(url)}: {problem}")
     kwargs: dict[str, object] = {"health_check_interval": 30}
     if url.startswith("rediss://") and ca_file:
+        if not Path(ca_file).is_file():
+            raise ConfigError(f"farm.redis_ca_file: no such file: {ca_file}")
         kwargs["ssl_ca_certs"] = ca_file
     try:
         client = redis.Redis.from_url(url, **kwargs)
-    except ValueError as exc:
-        raise RedisUnavailable(f"bad Redis URL {mask_url(url)}: {exc}") from None
+    except ValueError:  # its message may quote a piece of the URL: not shown
+        raise ConfigError(f"farm.redis_url: bad Redis URL {mask_url(url)}") from None
     if check:
         with translate_errors(url):
             client.ping()
@@ -76,10 +111,20 @@ def connect_config(config: Config, *, check: bool = True) -> redis.Redis:
 
 @contextlib.contextmanager
 def translate_errors(url: str) -> Iterator[None]:
-    """Turn redis-py's errors into :class:`RedisUnavailable` / :class:`LedgerError`."""
+    """Turn redis-py's errors into :class:`RedisUnavailable` / :class:`LedgerError`,
+    with *url* masked: a refused login and a failed TLS handshake say so."""
     try:
         yield
+    except redis.AuthenticationError as exc:
+        raise RedisUnavailable(f"Redis at {mask_url(url)} refused the login: {exc} "
+                               "(check the user and password in farm.redis_url)") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if isinstance(exc.__context__, ssl.SSLCertVerificationError):
+            raise RedisUnavailable(
+                f"TLS to Redis at {mask_url(url)} failed: {exc} (the server's certificate "
+                "must be signed by the CA in farm.redis_ca_file)") from None
+        if isinstance(exc.__context__, ssl.SSLError):
+            raise RedisUnavailable(f"TLS to Redis at {mask_url(url)} failed: {exc}") from None
         raise RedisUnavailable(f"Redis unreachable at {mask_url(url)}: {exc}") from None
     except redis.ResponseError as exc:
         raise LedgerError(f"Redis answered an error: {exc}") from None

@@ -27,7 +27,7 @@ from .errors import ConfigError, QueueRolloutError
 from .ledger import Ledger
 from .metrics import FarmMetrics
 from .procs import Supervised, cli_exe, stop_all
-from .redis_conn import connect
+from .redis_conn import connect, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def run_up(config: Config, *, stop: threading.Event | None = None) -> int:
         port = metrics.serve()
         farm.keep()
         wait_for_workers(ledger, farm, stop)
-        print(f"farm {config.farm.name} up: redis {url}, {len(farm.workers)} workers, "
+        print(f"farm {config.farm.name} up: redis {mask_url(url)}, {len(farm.workers)} workers, "
               f"metrics http://{config.metrics.host}:{port}/metrics; Ctrl-C stops it",
               flush=True)
         thread = threading.Thread(target=collector.run, args=(stop,), daemon=True,
