@@ -171,16 +171,18 @@ def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
 def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     from .errors import BadInput
     from .ledger import Ledger
-    from .prompts import read_file
+    from .prompts import known_ids_refusal, read_numbered
     from .redis_conn import connect_config
 
-    prompts = read_file(args.file, group_size=config.rollout.group_size,
-                        max_bytes=config.limits.max_prompt_bytes)
+    # The whole file is validated before Redis is touched; the submit script then
+    # checks every id against the farm before it writes anything.
+    prompts = read_numbered(args.file, group_size=config.rollout.group_size,
+                            max_bytes=config.limits.max_prompt_bytes)
     ledger = Ledger.from_config(connect_config(config), config)
-    answer = ledger.submit(prompts)
+    answer = ledger.submit((pid, raw) for _, pid, raw in prompts)
     if answer.status == "duplicate":
-        raise BadInput(f"{args.file}: nothing submitted; ids already known to the farm: "
-                       f"{answer.detail}")
+        places = {pid: f"line {number}" for number, pid, _ in prompts}
+        raise BadInput(f"{args.file}: {known_ids_refusal(answer.detail, places)}")
     print(f"submitted {answer.detail} prompts to farm {config.farm.name}")
     return 0
 

@@ -24,7 +24,7 @@ from typing import Any
 from .config import Config, load_config
 from .errors import BadInput, BarrierTimeout, RedisUnavailable
 from .ledger import Delivery, Ledger
-from .prompts import check_prompt
+from .prompts import check_prompt, known_ids_refusal
 from .redis_conn import connect_config, mask_url, resolve_url
 from .results import decode_result
 from .status import farm_status
@@ -80,18 +80,18 @@ class RolloutClient:
     def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
         """Validate and enqueue prompts, all or none; returns how many."""
         checked = []
-        seen: set[str] = set()
+        seen: dict[str, str] = {}  # id -> where it was given
         for i, prompt in enumerate(prompts):
+            where = f"prompt #{i}"
             pid, raw = check_prompt(prompt, group_size=self.config.rollout.group_size,
-                                    max_bytes=self.config.limits.max_prompt_bytes,
-                                    where=f"prompt #{i}")
+                                    max_bytes=self.config.limits.max_prompt_bytes, where=where)
             if pid in seen:
-                raise BadInput(f"prompt #{i}: duplicate id {pid!r}")
-            seen.add(pid)
+                raise BadInput(f"{where}: duplicate id {pid!r} (first as {seen[pid]})")
+            seen[pid] = where
             checked.append((pid, raw))
-        answer = self.ledger.submit(checked)
+        answer = self.ledger.submit(checked)  # one script: checks every id, then writes
         if answer.status == "duplicate":
-            raise BadInput(f"nothing submitted; ids already known to the farm: {answer.detail}")
+            raise BadInput(known_ids_refusal(answer.detail, seen))
         return int(answer.detail)
 
     def get_batch(self, timeout: float | None = None, max_poll_s: float = 0.5) -> Batch:

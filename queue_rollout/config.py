@@ -7,7 +7,11 @@ message names the key, e.g. ``rollout.group_size: Expected `int` >= 1``.
 
 from __future__ import annotations
 
+import difflib
+import math
+import os
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -146,42 +150,96 @@ class Config(_Section):
 
 
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(.*)`$", re.DOTALL)
+
+
+def _known_keys(path: str) -> list[str]:
+    """The keys of the table at dotted *path* of :class:`Config` ([] when not a table)."""
+    cls: object = Config
+    for part in [p for p in path.split(".") if p]:
+        if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+            return []
+        cls = typing.get_type_hints(cls).get(part)
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        return list(cls.__struct_fields__)
+    return []
 
 
 def _name_the_key(message: str) -> str:
     """``Expected `int`, got `bool` - at `$.rollout.group_size` `` ->
-    ``rollout.group_size: Expected `int`, got `bool```."""
+    ``rollout.group_size: Expected `int`, got `bool```; an unknown key ->
+    ``rollout.grup_size: unknown key (did you mean group_size?)``."""
     m = _PATH.search(message)
-    if not m:
-        return message
-    key = m.group(1).replace("[", ".").replace("]", "")
-    return f"{key}: {message[: m.start()]}"
+    key = m.group(1).replace("[", ".").replace("]", "") if m else ""
+    text = message[: m.start()] if m else message
+    unknown = _UNKNOWN.match(text)
+    if unknown:
+        name = unknown.group(1)
+        close = difflib.get_close_matches(name, _known_keys(key), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"{key + '.' if key else ''}{name}: unknown key{hint}"
+    return f"{key}: {text}" if key else text
 
 
-def _check(config: Config) -> Config:
+def _check(config: Config, source: str) -> Config:
     r = config.rollout
     if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:
         raise ConfigError(
-            f"rollout.max_concurrent_samples: {r.max_concurrent_samples} slots cannot hold "
-            f"one group of rollout.group_size = {r.group_size}"
+            f"{source}: rollout.max_concurrent_samples: {r.max_concurrent_samples} slots "
+            f"cannot hold one group of rollout.group_size = {r.group_size}"
         )
     return config
 
 
 def decode_config(data: bytes | str, source: str = "config") -> Config:
-    """Decode TOML text into a :class:`Config`; errors name the key."""
+    """Decode TOML text into a :class:`Config`; errors name the key (or the line)."""
+    if not isinstance(data, str):
+        raw = bytes(data)
+        try:
+            data = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise ConfigError(f"{source}:{line}: not UTF-8 text") from None
     try:
-        return _check(msgspec.toml.decode(data, type=Config))
+        config = msgspec.toml.decode(data, type=Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{source}: {_name_the_key(str(exc))}") from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # tomllib: an int over sys.get_int_max_str_digits() digits
+        why = "a number has too many digits" if "digits" in str(exc) else str(exc)
+        raise ConfigError(f"{source}: not valid TOML: {why}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid TOML: nested too deeply") from None
+    return _check(config, source)
+
+
+def _toml_value(value: object) -> str:
+    """A TOML literal for a str, bool, int, float or list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (
+            f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in value) + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML literal for {type(value).__name__}")
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                 "\f": "\\f", "\r": "\\r"}
 
 
 def to_toml(config: Config) -> str:
     """The config as TOML that :func:`decode_config` reads back unchanged."""
-    import json
-
     def section(name: str, values: dict) -> list[str]:
         lines = [f"[{name}]"]
         nested = []
@@ -189,7 +247,7 @@ def to_toml(config: Config) -> str:
             if isinstance(value, dict):
                 nested.append((f"{name}.{key}", value))
             elif value is not None:
-                lines.append(f"{key} = {json.dumps(value)}")  # JSON literals are TOML here
+                lines.append(f"{key} = {_toml_value(value)}")
         for sub, sub_values in nested:
             lines += ["", *section(sub, sub_values)]
         return lines
@@ -198,6 +256,15 @@ def to_toml(config: Config) -> str:
     for name, values in msgspec.to_builtins(config).items():
         out += [*section(name, values), ""]
     return "\n".join(out)
+
+
+def write_config(path: Path, config: Config) -> None:
+    """Write *config* as TOML readable by its owner only (it may hold the Redis
+    password); an existing file is made private before it is rewritten."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(to_toml(config))
 
 
 def load_config(path: str | Path | None) -> Config:

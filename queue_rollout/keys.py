@@ -126,6 +126,12 @@ class Keys:
         return self._k("leader")
 
     @property
+    def shape(self) -> str:
+        """String (JSON): the settings every process of the farm must share, recorded
+        by the first one (see :mod:`queue_rollout.shape`)."""
+        return self._k("shape")
+
+    @property
     def rq_queue(self) -> str:
         """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
         return f"qr-{self.farm}-episodes"

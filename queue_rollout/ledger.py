@@ -24,6 +24,7 @@ from .records import (
 )
 from .redis_conn import client_url, translate_errors
 from .scripts import Scripts
+from .shape import check_shape
 
 Clock = Callable[[], float]
 
@@ -90,6 +91,9 @@ class Ledger:
 
     @classmethod
     def from_config(cls, client: redis.Redis, config: Config, *, clock: Clock = time.time) -> Ledger:
+        """The farm's ledger; refuses (ConfigError) a *config* that disagrees with the
+        farm's recorded shape (:mod:`queue_rollout.shape`), and records it if none is."""
+        check_shape(client, config)
         return cls(client, config.farm.name, config.rollout, clock=clock)
 
     def _call(self, name: str, keys: list[str], *args: object) -> list[str | bytes]:
@@ -154,15 +158,17 @@ class Ledger:
     def finish(
         self, aid: str, member: int, result: bytes, *, output_tokens: int = 0,
         outcome: Literal["finished", "failed"] = "finished",
+        reason: Literal["workflow", "oversized"] = "workflow",
     ) -> Answer:
         """Record an attempt's result; ``recorded`` (detail ``group_complete`` when the
-        group completed) or ``ignored`` with the reason."""
+        group completed) or ``ignored`` with the reason. A failed episode is counted
+        by *reason* (``failed:<reason>``)."""
         k = self.keys
         return self._answer(
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
              k.observations],
-            aid, member, outcome, output_tokens, result,
+            aid, member, outcome, output_tokens, result, reason,
         )
 
     def mark_doubtful(self, aid: str, cause: str) -> Answer:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 P = "queue_rollout_"
 BLOCK_REASONS = ("capacity", "staleness", "paused")
 REJECT_REASONS = ("zero_variance", "failed_members", "plugin")
+FAIL_REASONS = ("workflow", "oversized", "max_attempts")
 RETRY_CAUSES = ("lease_expired", "worker_lost", "replica_restart", "generate_error",
                 "doubt_timeout")
 
@@ -95,6 +96,8 @@ class LedgerCollector:
         finished.add_metric(["finished"], c.get("finished", 0))
         finished.add_metric(["failed"], c.get("failed", 0))
         yield finished
+        yield labelled("episodes_failed", "Failed episodes, by reason.", "reason",
+                       FAIL_REASONS, "failed")
 
 
 class FarmMetrics:

@@ -29,9 +29,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config, to_toml
+from .config import Config, write_config
 from .errors import ConfigError
 from .procs import Supervised, cli_exe, stop_all
+from .redis_conn import connect_config
+from .shape import check_shape
 
 log = logging.getLogger(__name__)
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -98,7 +100,7 @@ class Node:
 
     def __post_init__(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(to_toml(self.config))
+        write_config(self.config_path, self.config)
         for i, gpu in enumerate(self.gpus):
             port = self.config.engine.base_port + i
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
@@ -159,6 +161,7 @@ def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     replica_argv(config, gpus[0], config.engine.base_port, "check")  # refuse bad config now
+    check_shape(connect_config(config), config)  # and a config the farm does not run
     state = Path(config.farm.state_dir) / "node"
     node = Node(config, state / "node.toml", gpus, state)
     first = config.engine.base_port

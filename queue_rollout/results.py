@@ -2,25 +2,31 @@
 
 The worker encodes it with msgspec's MessagePack into the ledger's results hash; the
 trainer decodes it with a size cap. Per-token policy versions are stored as runs,
-``[(version, count), ...]`` in token order.
+``[(version, count), ...]`` in token order (versions >= 0, counts > 0, covering the
+tokens exactly); a result of any other shape is refused as BadInput.
 """
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import msgspec
 
 from .errors import BadInput
 
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosInt = Annotated[int, msgspec.Meta(gt=0)]
+
 
 class EpisodeResult(msgspec.Struct, forbid_unknown_fields=True):
-    member: int
+    member: NonNegInt
     output_ids: list[int]
     logprobs: list[float]
-    version_runs: list[tuple[int, int]]
+    version_runs: list[tuple[NonNegInt, PosInt]]  # (policy version, tokens > 0)
     finish_reason: str
     reward: float | None = None
     text: str = ""
-    turns: int = 1
+    turns: NonNegInt = 1
     error: str = ""
 
     def versions(self) -> list[int]:

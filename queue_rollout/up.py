@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from .collector import Collector
-from .config import Config, to_toml
+from .config import Config, write_config
 from .embedded import EmbeddedRedis
 from .errors import ConfigError, QueueRolloutError
 from .ledger import Ledger
@@ -83,7 +83,7 @@ class LocalFarm:
             self.config = msgspec.structs.replace(
                 c, farm=msgspec.structs.replace(c.farm, redis_url=url))
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(to_toml(self.config))
+        write_config(self.config_path, self.config)
         urls = self._replica_urls()
         for gpu, engine_url in enumerate(urls):
             self.workers.append(Supervised(

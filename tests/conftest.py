@@ -7,7 +7,7 @@ machine's own Redis on 6379.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,3 +60,19 @@ def make_ledger(r: redis.Redis, clock: FakeClock):
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
+
+
+RedisSnapshot = dict[bytes, tuple[bytes, bool, bytes]]
+
+
+@pytest.fixture
+def redis_snapshot(r: redis.Redis) -> Callable[[], RedisSnapshot]:
+    """``redis_snapshot()`` -> every key of the test's database (farm keys and RQ's)
+    with its type, whether it expires, and its DUMP: equal snapshots mean nothing was
+    written."""
+
+    def snapshot() -> RedisSnapshot:
+        return {key: (r.type(key), r.pttl(key) >= 0, r.dump(key))
+                for key in r.scan_iter(count=1000)}
+
+    return snapshot

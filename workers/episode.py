@@ -298,7 +298,9 @@ class AttemptRunner:
             reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error)
         blob = encode_result(result)
         cap = self.config.limits.max_result_bytes
+        reason = "workflow"
         if len(blob) > cap:
+            reason = "oversized"
             error = f"result of {len(blob)} bytes exceeds limits.max_result_bytes = {cap}"
             outcome = "failed"
             blob = encode_result(EpisodeResult(member=member, output_ids=[], logprobs=[],
@@ -306,7 +308,8 @@ class AttemptRunner:
                                                turns=ctx.turns, error=error))
         answer: Answer = self._until_answered(
             f"finish {aid}", lambda: self.ledger.finish(
-                aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome))
+                aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome,
+                reason=reason))
         if answer.ignored:
             log.info("attempt %s: result ignored (%s)", aid, answer.detail)
             return "ignored"

@@ -18,6 +18,9 @@
 -- ARGV[4] = outcome: "finished" or "failed"
 -- ARGV[5] = output tokens produced
 -- ARGV[6] = encoded result (opaque bytes)
+-- ARGV[7] = why a failed episode failed (counted as failed:<reason>): "workflow"
+--           (the workflow rejected its output or raised), "oversized" (the result
+--           was over limits.max_result_bytes); ignored for "finished"
 -- Returns {'recorded', 'group_complete' | ''} | {'ignored', reason}
 
 local counters = KEYS[1]
@@ -43,6 +46,7 @@ a.ended_at = now
 put_json(KEYS[2], aid, a)
 redis.call('HSET', KEYS[4], episode_field(a.g, a.m), ARGV[6])
 bump(counters, 'output_tokens', tonumber(ARGV[5]))
+if outcome == 'failed' then bump(counters, 'failed:' .. ARGV[7], 1) end
 if a.started_at then observe(KEYS[8], 'episode_s', now - a.started_at) end
 local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
 if episode_terminal(k, now, g, outcome) then

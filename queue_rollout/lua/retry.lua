@@ -53,6 +53,7 @@ put_json(KEYS[2], aid, a)
 local g = get_json(KEYS[3], a.g)
 if give_up then
   local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
+  bump(counters, 'failed:max_attempts', 1)
   if episode_terminal(k, now, g, 'failed') then return {'failed', 'group_complete'} end
   return {'failed', ''}
 end

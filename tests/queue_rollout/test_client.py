@@ -75,7 +75,7 @@ def test_submit_refuses_bad_and_duplicate_prompts_whole(farm_toml):
     with pytest.raises(BadInput, match="duplicate id 'a'"):
         client.submit([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
     client.submit([{"id": "a", "prompt": "x"}])
-    with pytest.raises(BadInput, match="already known to the farm: a"):
+    with pytest.raises(BadInput, match=r"1 id already known to the farm: 'a' \(prompt #1\)"):
         client.submit([{"id": "b", "prompt": "x"}, {"id": "a", "prompt": "x"}])
     assert client.status()["groups"]["pending"] == 1
 
@@ -97,3 +97,60 @@ def test_consume_json_lines_and_version_bump(farm_toml, capsys):
     assert main(["consume", "--batches", "1", "--timeout", "0.2", "-c", str(farm_toml)]) == 3
     assert main(["set-version", "7", "-c", str(farm_toml)]) == 0
     assert load_config(farm_toml).farm.name == "tc" and client.version() == 7
+
+
+@pytest.fixture
+def used_farm(farm_toml) -> RolloutClient:
+    """A farm with history: 'a' and 'b' consumed (prompts purged), 'd' pending."""
+    client = RolloutClient.from_config(farm_toml)
+    client.submit([{"id": i, "prompt": "x"} for i in "ab"])
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    finish_all(client)
+    collector.step()
+    client.ack(client.get_batch(timeout=5))
+    client.submit([{"id": "d", "prompt": "x"}])
+    groups = client.status()["groups"]
+    assert (groups["consumed"], groups["pending"]) == (2, 1)
+    assert not client.ledger.client.hexists(client.ledger.keys.prompts, "a")
+    return client
+
+
+def lengths(value: object) -> list[dict]:
+    return [{"id": "n0", "prompt": "x"}, {"id": "n1", "prompt": "x", "member_lengths": value}]
+
+
+@pytest.mark.parametrize("prompts,message", [
+    ([{"id": "n0", "prompt": "x"}, {"id": "n0", "prompt": "y"}],
+     "prompt #1: duplicate id 'n0' (first as prompt #0)"),
+    ([{"id": "n0", "prompt": "x"}, {"id": "a", "prompt": "x"}, {"id": "d", "prompt": "x"}],
+     "nothing submitted: 2 ids already known to the farm: 'a' (prompt #1), 'd' (prompt #2)"),
+    (lengths([1, 2, 3]), "prompt #1: prompt 'n1': `member_lengths` must hold "
+                         "rollout.group_size = 2 ints"),
+    (lengths((1, 2)), "prompt #1: prompt 'n1': `member_lengths` must hold "
+                      "rollout.group_size = 2 ints"),
+    (lengths([1, 0]), "prompt #1: prompt 'n1': `member_lengths` entries must be ints > 0"),
+    (lengths([-3, 1]), "prompt #1: prompt 'n1': `member_lengths` entries must be ints > 0"),
+    (lengths([True, 1]), "prompt #1: prompt 'n1': `member_lengths` entries must be ints > 0"),
+    ([{"id": "n0"}], "prompt #0: prompt 'n0' needs exactly one of `prompt` or `input_ids`"),
+    ([{"id": "n0", "prompt": "x" * (1 << 20)}],
+     "prompt #0: prompt 'n0' is 1048599 bytes, over limits.max_prompt_bytes = 1048576"),
+    ([{"id": "n0", "prompt": "x", "weight": float("inf")}],
+     "prompt #0: prompt 'n0' is not JSON: NaN and infinities are not JSON"),
+    ([{"id": "n0", "prompt": "x", "tags": {"t"}}],
+     "prompt #0: prompt 'n0' is not JSON: Object of type set is not JSON serializable"),
+    ([{"id": "n0", "prompt": "x", "scores": {("a", 1): 0.5}}],
+     "prompt #0: prompt 'n0' is not JSON: keys must be str, int, float, bool or None, not tuple"),
+    ([{"id": "n\udc80", "prompt": "x"}],
+     "prompt #0: prompt 'n\\udc80' is not JSON: a lone surrogate (\\ud800-\\udfff) is not "
+     "Unicode text"),
+])
+def test_bad_submissions_are_refused_whole_and_change_nothing(used_farm, redis_snapshot,
+                                                              prompts, message):
+    before = redis_snapshot()
+    with pytest.raises(BadInput) as info:
+        used_farm.submit(prompts)
+    assert str(info.value) == message
+    assert redis_snapshot() == before
+    assert used_farm.submit([{"id": "n0", "prompt": "x"}]) == 1  # the farm still takes prompts
+    assert redis_snapshot() != before

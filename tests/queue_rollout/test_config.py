@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import datetime
+import math
+import re
+import typing
 
-from queue_rollout.config import Config, decode_config, load_config
+import msgspec
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from queue_rollout.config import Config, decode_config, load_config, to_toml
 from queue_rollout.errors import ConfigError
 
 
@@ -146,3 +154,154 @@ def test_to_toml_round_trips():
                            '[engine]\nsglang_args = ["--x", "1"]\n')
     assert decode_config(to_toml(config)) == config
     assert decode_config(to_toml(Config())) == Config()
+
+
+def test_written_configs_are_private_to_their_owner(tmp_path):
+    """up and node write the farm's config (with the Redis password) for their
+    children: mode 0600, even over a file that was readable by others."""
+    from queue_rollout.config import load_config, write_config
+
+    config = decode_config('[farm]\nredis_url = "redis://u:secret@h:1/0"\n')
+    path = tmp_path / "up.toml"
+    path.write_text("old")
+    path.chmod(0o644)
+    write_config(path, config)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert load_config(path) == config
+
+
+def test_unknown_keys_name_the_whole_path_and_a_near_miss():
+    with pytest.raises(ConfigError) as info:
+        decode_config("[rollout]\ngrup_size = 4\n", source="farm.toml")
+    assert str(info.value) == "farm.toml: rollout.grup_size: unknown key (did you mean group_size?)"
+    with pytest.raises(ConfigError,
+                       match=r"^config: workflow\.sampling\.sampling_seed: unknown key$"):
+        decode_config("[workflow.sampling]\nsampling_seed = 4\n")
+    with pytest.raises(ConfigError,
+                       match=r"^config: rolout: unknown key \(did you mean rollout\?\)$"):
+        decode_config("[rolout]\ngroup_size = 4\n")
+
+
+@pytest.mark.parametrize("data,message", [
+    (b'[farm]\nname = "caf\xe9"\n', "config:2: not UTF-8 text"),
+    ("[rollout]\ngroup_size = " + "1" * 5000 + "\n",
+     "config: not valid TOML: a number has too many digits"),
+    ("x = " + "[" * 5000, "config: not valid TOML: nested too deeply"),
+])
+def test_unreadable_toml_is_a_config_error(data, message):
+    with pytest.raises(ConfigError) as info:
+        decode_config(data)
+    assert str(info.value).startswith(message)
+
+
+# -- fuzzing the decoder: a Config or a ConfigError naming a key, nothing else -----------
+
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+SECTIONS = {name: list(typing.get_type_hints(Config)[name].__struct_fields__)
+            for name in Config.__struct_fields__}
+FIELDS = sorted({f for fields in SECTIONS.values() for f in fields} | {"sampling"})
+junk_keys = st.from_regex(r"[a-z_]{1,6}", fullmatch=True)
+scalars = st.one_of(
+    st.integers(-2, 70_000), st.integers(), st.booleans(), st.floats(),
+    st.text(max_size=8), st.dates(),
+    st.sampled_from(["auto", "sim", "sglang", "abort", "in_place", "m.x:f", "demo", ""]))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.sampled_from(FIELDS) | junk_keys, inner, max_size=3),
+                      max_leaves=6)
+tables = st.dictionaries(st.sampled_from(FIELDS) | junk_keys, values, max_size=4)
+
+
+def section(struct: type) -> st.SearchStrategy[dict]:
+    """A table of *struct*'s own keys, each its default or anything."""
+    default = struct()
+    fields: dict[str, st.SearchStrategy] = {}
+    for name, kind in typing.get_type_hints(struct).items():
+        value = getattr(default, name)
+        if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+            fields[name] = section(kind)
+        elif value is None:
+            fields[name] = scalars | values
+        else:
+            fields[name] = st.one_of(st.just(value), st.just(value), scalars, values)
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+def stray(doc: dict, where: str, key: str, value: object) -> dict:
+    """*doc* with one unknown *key* in table *where* (at the top when it has none)."""
+    if isinstance(doc.get(where), dict):
+        return {**doc, where: {**doc[where], key: value}}
+    return {**doc, key: value}
+
+
+own = section(Config)
+documents = st.one_of(
+    own, own, own, st.builds(stray, own, st.sampled_from(list(SECTIONS)), junk_keys, values),
+    st.dictionaries(st.sampled_from(list(SECTIONS)) | junk_keys, tables | values, max_size=4))
+
+
+def toml_str(s: str) -> str:
+    return '"' + "".join(c if c >= " " and c not in '"\\\x7f' else f"\\u{ord(c):04x}"
+                         for c in s) + '"'
+
+
+def toml_inline(v: object) -> str:
+    """A TOML literal, written here independently of config.to_toml."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, (int, datetime.date)):
+        return str(v)
+    if isinstance(v, str):
+        return toml_str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_inline(x) for x in v) + "]"
+    assert isinstance(v, dict)
+    return "{" + ", ".join(f"{toml_str(k)} = {toml_inline(x)}" for k, x in v.items()) + "}"
+
+
+def key_paths(d: object, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        out |= {prefix + str(k)} | key_paths(v, f"{prefix}{k}.")
+    return out
+
+
+@FUZZ
+@given(documents)
+@example({"rollout": {"group_size": 10, "max_concurrent_samples": 4}})
+@example({"workflow": {"sampling": {"stop": ["\x7f\U0001F600"], "temperature": math.inf}}})
+@example({"farm": {"redis_url": "redis://h/0\x7f", "name": "a"}})
+def test_config_fuzz_documents_decode_or_name_a_key_they_hold(doc):
+    text = "\n".join(f"{toml_str(k)} = {toml_inline(v)}" for k, v in doc.items()) + "\n"
+    try:
+        config = decode_config(text)
+    except ConfigError as exc:
+        m = re.match(r"config: ([\w.]+): ", str(exc))
+        assert m and m.group(1) in key_paths(doc), str(exc)
+        return
+    assert isinstance(config, Config)
+    again = to_toml(config)  # and to_toml writes TOML that decodes back to the same config
+    assert to_toml(decode_config(again)) == again
+
+
+toml_fragments = st.sampled_from([
+    "[rollout]", "[farm]", "[workflow.sampling]", "[[engine]]", "\n", " = ", "=", ".", ",",
+    "group_size", "max_concurrent_samples", "name", "urls", "x", '"', "'", '"""', "[", "]",
+    "{", "}", "1", "-1", "0x1f", "1e999", "nan", "true", "1979-05-27", '"auto"', "\\u0000",
+    "#", "\t", "\r\n", "\x7f", "\U0001F600"])
+
+
+@FUZZ
+@given(st.lists(toml_fragments, max_size=14).map("".join) | st.text(max_size=30)
+       | st.binary(max_size=30))
+def test_config_fuzz_text_decodes_or_is_a_config_error(data):
+    try:
+        config = decode_config(data)
+    except ConfigError as exc:
+        assert re.match(r"config(:\d+)?: (not valid TOML: |not UTF-8 text|[^:]+: )", str(exc))
+        return
+    assert isinstance(config, Config)

@@ -283,8 +283,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.c["ignored"] += 1
         self.cov[f"ignored:{what}"] += 1
         after = self.snapshot()
-        if what == "judge":  # judge.lua acknowledges the entry it is given first
+        if what == "judge":  # judge.lua acknowledges and deletes the entry it is given
             before.pop("pel"), after.pop("pel")
+            before.pop(self.keys.events), after.pop(self.keys.events)
         bc, ac = before.pop("counters"), after.pop("counters")
         bc["ignored"] = bc.get("ignored", 0) + 1
         assert ac == bc, f"{what} ({ans.detail}) changed counters: {bc} -> {ac}"
@@ -417,6 +418,8 @@ class LedgerMachine(RuleBasedStateMachine):
         e.result = payload
         self.c["output_tokens"] += tokens
         complete = self.episode_terminal(e, outcome)
+        if outcome == "failed":
+            self.c["failed:workflow"] += 1  # finish's reason (the Ledger.finish default)
         assert ans == Answer("recorded", "group_complete" if complete else ""), ans
         self.cov[f"finish:{outcome}"] += 1
         if was == "doubtful":
@@ -453,6 +456,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.cov[f"retry:{resolution}:{pred}"] += 1
         if pred == "failed":
             complete = self.episode_terminal(e, "failed")
+            self.c["failed:max_attempts"] += 1
             assert ans == Answer("failed", "group_complete" if complete else ""), ans
             return
         assert ans.status == "retried", ans

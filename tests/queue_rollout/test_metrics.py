@@ -64,6 +64,11 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
         assert sample(text, "doubtful_attempts") == 1 and sample(text, "partial_groups") == 0
         assert 'queue_rollout_episodes_finished_total{outcome="finished"} 2.0' in text
         assert 'queue_rollout_admission_blocked_total{reason="capacity"} 1.0' in text
+        r.hset(ledger.keys.counters, mapping={"failed:oversized": 3, "failed:max_attempts": 1})
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'queue_rollout_episodes_failed_total{reason="oversized"} 3.0' in text
+        assert 'queue_rollout_episodes_failed_total{reason="max_attempts"} 1.0' in text
+        assert 'queue_rollout_episodes_failed_total{reason="workflow"} 0.0' in text
         assert sample(text, "output_tokens_total") == 4 and sample(text, "policy_version") == 2
         assert sample(text, "episode_duration_seconds_count") == 2
         assert sample(text, "episode_duration_seconds_sum") == 24  # 12 s each

@@ -125,6 +125,9 @@ def test_an_oversized_result_fails_the_episode(r, fast):
     assert runner.run(adm.attempt_ids[0]) == "failed"
     result = decode_result(ledger.result("p", 0), 1 << 20)
     assert "exceeds limits.max_result_bytes = 200" in result.error
+    assert result.finish_reason == "oversized" and result.output_ids == []
+    c = ledger.counters()  # queue_rollout_episodes_failed_total{reason="oversized"}
+    assert c["failed"] == c["failed:oversized"] == 1 and "failed:workflow" not in c
 
 
 def test_a_generate_timeout_makes_the_attempt_doubtful_then_confirmed_and_retried(r, slow):
