@@ -91,6 +91,8 @@ def connect(url: str, ca_file: str = "", *, check: bool = True) -> redis.Redis:
     if problem:
         raise ConfigError(f"farm.redis_url: bad Redis URL {mask_url(url)}: {problem}")
     kwargs: dict[str, object] = {"health_check_interval": 30}
+    if url.startswith("rediss://"):  # the certificate must name the host (redis-py < 6: off)
+        kwargs["ssl_check_hostname"] = True
     if url.startswith("rediss://") and ca_file:
         if not Path(ca_file).is_file():
             raise ConfigError(f"farm.redis_ca_file: no such file: {ca_file}")

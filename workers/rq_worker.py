@@ -32,7 +32,7 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
 from queue_rollout.config import Config
-from queue_rollout.keys import Keys
+from queue_rollout.keys import EPISODE_JOB_FUNC, Keys
 from queue_rollout.ledger import Ledger
 from queue_rollout.redis_conn import connect
 
@@ -80,6 +80,11 @@ class EpisodeWorker(SimpleWorker):
         self._stop_requested = True
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        problem = foreign_job(job)
+        if problem:  # RQ would import and call whatever a job names: not here
+            log.warning("refused job %s: %s; deleted unrun", job.id, problem)
+            job.delete(remove_from_queue=True)
+            return
         execution = self.prepare_execution(job)
         with self._lock:
             self._running = (job, execution)
@@ -112,6 +117,26 @@ class EpisodeWorker(SimpleWorker):
     def request_stop(self, signum: Any, frame: Any) -> None:
         self.runner.request_stop()
         super().request_stop(signum, frame)
+
+
+def foreign_job(job: Job) -> str:
+    """Why *job* is not one of the farm's episode jobs ("" if it is): exactly
+    ``run_attempt(attempt_id)``, no keyword arguments, no callbacks. A job is data
+    anyone with write access to the queue can forge; RQ would import and call the
+    function it names."""
+    try:
+        func, args, kwargs = job.func_name, job.args, job.kwargs
+    except Exception as exc:  # noqa: BLE001 - whatever RQ's deserializer raises
+        return f"unreadable payload ({type(exc).__name__})"
+    if func != EPISODE_JOB_FUNC:
+        return f"function {func!r} is not {EPISODE_JOB_FUNC}"
+    if kwargs or len(args) != 1 or not isinstance(args[0], str):
+        return "arguments are not one attempt id"
+    callbacks = (job._success_callback_name, job._failure_callback_name,
+                 job._stopped_callback_name)
+    if any(callbacks):
+        return "it carries callbacks"
+    return ""
 
 
 class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True):

@@ -42,10 +42,11 @@ def farm_toml(tmp_path, redis_url) -> Path:
     return path
 
 
-def start_worker(farm_toml: Path, url: str) -> subprocess.Popen:
+def start_worker(farm_toml: Path, url: str, log: Path | None = None) -> subprocess.Popen:
     exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
     return subprocess.Popen([exe, "worker", "--gpu", "0", "--engine-url", url,
-                             "-c", str(farm_toml)], stdout=subprocess.PIPE, text=True)
+                             "-c", str(farm_toml)], stdout=subprocess.PIPE, text=True,
+                            stderr=None if log is None else open(log, "wb"))
 
 
 def rq_workers(r) -> list[Worker]:
@@ -217,3 +218,37 @@ def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at
     c = ledger.counters()
     assert c.get("failed", 0) == 0 and c.get("reserved", 0) == 0
     assert c.get("retries:replica_restart", 0) + c.get("retries:generate_error", 0) >= 2
+
+
+def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm_toml, tmp_path):
+    """RQ imports and calls whatever function a job names: anyone who can write the
+    queue could name os.system. The episode worker runs run_attempt(attempt id) only."""
+    from rq import Queue
+    from rq.job import Callback
+
+    from queue_rollout.keys import EPISODE_JOB_FUNC
+
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    marker = tmp_path / "pwned"
+    queue = Queue(ledger.keys.rq_queue, connection=r, serializer=JSONSerializer)
+    forged = [queue.enqueue("os.system", f"touch {marker}"),
+              queue.enqueue(EPISODE_JOB_FUNC, "x", extra="y"),
+              queue.enqueue(EPISODE_JOB_FUNC, "x", on_failure=Callback("os.system"))]
+    proc = start_worker(farm_toml, engine.url, log=tmp_path / "worker.log")
+    try:
+        ledger.submit([("p", json.dumps({"id": "p", "prompt": "x",
+                                         "member_lengths": [5, 5]}).encode())])
+        assert ledger.admit().status == "admitted"
+        assert flush_outbox(r, ledger.keys) == 2
+        wait_for(lambda: ledger.counters().get("finished", 0) == 2, what="the real episodes")
+        wait_for(lambda: r.llen(f"rq:queue:{ledger.keys.rq_queue}") == 0, what="queue drained")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert not marker.exists()
+    assert not any(r.exists(job.key) for job in forged)  # deleted, not failed with callbacks
+    log = (tmp_path / "worker.log").read_text()
+    assert f"refused job {forged[0].id}: function 'os.system' is not {EPISODE_JOB_FUNC}" in log
+    assert f"refused job {forged[1].id}: arguments are not one attempt id" in log
+    assert f"refused job {forged[2].id}: it carries callbacks" in log
