@@ -24,6 +24,8 @@ NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(gt=0, le=65535)]
+#: A group is admitted in one script step that creates its G attempts: keep G sane.
+GroupSize = Annotated[int, msgspec.Meta(gt=0, le=1024)]
 FarmName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 PluginRef = Annotated[str, msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 
@@ -40,7 +42,7 @@ class FarmConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    group_size: PosInt = 8
+    group_size: GroupSize = 8
     batch_size: PosInt = 16
     max_concurrent_rollouts: PosInt = 16
     max_concurrent_samples: PosInt | Literal["auto"] | None = None

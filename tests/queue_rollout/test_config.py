@@ -98,6 +98,7 @@ def test_max_concurrent_samples_auto_and_int():
 
 @pytest.mark.parametrize("section,key,value", [
     ("rollout", "group_size", "0"),
+    ("rollout", "group_size", "1025"),  # admitting a group creates G attempts in one step
     ("rollout", "batch_size", "-3"),
     ("rollout", "max_concurrent_rollouts", "true"),
     ("rollout", "max_attempts", "2.0"),
