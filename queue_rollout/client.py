@@ -25,7 +25,7 @@ from .config import Config, load_config
 from .errors import BadInput, BarrierTimeout, RedisUnavailable
 from .ledger import Delivery, Ledger
 from .prompts import check_prompt, known_ids_refusal
-from .redis_conn import connect_config, mask_url, resolve_url
+from .redis_conn import client_url, connect_config, mask_url, resolve_url, translate_errors
 from .results import decode_result
 from .status import farm_status
 
@@ -143,19 +143,23 @@ class RolloutClient:
 
     # -- trainer controls ------------------------------------------------------------
 
-    def _live_workers(self) -> list[str]:
+    def _acks(self, prefix: str) -> dict[str, bytes | None]:
+        """Each live worker's acknowledgement ``prefix:<worker>`` (None: none yet)."""
         from .status import live_workers
 
-        return sorted(live_workers(self.ledger.client, self.ledger.keys, now=time.time(),
-                                   stale_after=3 * self.config.timeouts.lease))
+        client, keys = self.ledger.client, self.ledger.keys
+        with translate_errors(client_url(client)):
+            workers = sorted(live_workers(client, keys, now=time.time(),
+                                          stale_after=3 * self.config.timeouts.lease))
+            answers = client.hmget(keys.acks, [f"{prefix}:{w}" for w in workers]) if workers else []
+        return dict(zip(workers, answers))
 
     def _await_acks(self, what: str, prefix: str, done: Callable[[bytes | None], bool]) -> None:
         deadline = time.monotonic() + self.config.timeouts.pause_barrier
         while True:
-            workers = self._live_workers()
-            answers = self.ledger.client.hmget(self.ledger.keys.acks,
-                                               [f"{prefix}:{w}" for w in workers]) if workers else []
-            missing = [w for w, a in zip(workers, answers) if not done(a)]
+            answers = self._acks(prefix)
+            workers = list(answers)
+            missing = [w for w in workers if not done(answers[w])]
             if not missing:
                 return
             if time.monotonic() >= deadline:
@@ -178,17 +182,16 @@ class RolloutClient:
         policy version, resume. Raises naming the workers that failed or did not answer
         (the farm then stays paused)."""
         self.pause()
-        client, keys = self.ledger.client, self.ledger.keys
-        pipe = client.pipeline(transaction=True)  # workers see path, version and epoch together
+        keys = self.ledger.keys
+        pipe = self.ledger.client.pipeline(transaction=True)  # path, version, epoch together
         pipe.hset(keys.control, mapping={"weights_path": model_path,
                                          "weights_version": str(version)})
         pipe.hincrby(keys.control, "weights_epoch", 1)
-        epoch = pipe.execute()[1]
+        with translate_errors(client_url(self.ledger.client)):
+            epoch = pipe.execute()[1]
         self._await_acks("weight update", "weights",
                          lambda a: a is not None and int(a.split()[0]) >= epoch)
-        workers = self._live_workers()
-        answers = client.hmget(keys.acks, [f"weights:{w}" for w in workers]) if workers else []
-        failed = [f"{w} ({a.decode().split(' ', 1)[1]})" for w, a in zip(workers, answers)
+        failed = [f"{w} ({a.decode().split(' ', 1)[1]})" for w, a in self._acks("weights").items()
                   if a is not None and not a.decode().endswith(" ok")]
         if failed:
             raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")

@@ -261,8 +261,12 @@ class Ledger:
         with translate_errors(self._url):
             return self.client.hget(self.keys.state, "paused") == b"1"
 
+    def _hget(self, key: str, field: str) -> bytes | None:
+        with translate_errors(self._url):
+            return self.client.hget(key, field)
+
     def group(self, group_id: str) -> GroupRecord | None:
-        raw = self.client.hget(self.keys.groups, group_id)
+        raw = self._hget(self.keys.groups, group_id)
         return decode_group(raw) if raw else None
 
     def member_attempts(self, group_id: str, member: int) -> list[tuple[str, AttemptRecord]]:
@@ -271,7 +275,8 @@ class Ledger:
         if group is None:
             return []
         ids = group.attempt_ids
-        raws = self.client.hmget(self.keys.attempts, ids)
+        with translate_errors(self._url):
+            raws = self.client.hmget(self.keys.attempts, ids)
         found = [(aid, decode_attempt(raw)) for aid, raw in zip(ids, raws) if raw]
         return [(aid, a) for aid, a in found if a.m == member]
 
@@ -282,7 +287,7 @@ class Ledger:
         return current[-1] if current else None
 
     def attempt(self, aid: str) -> AttemptRecord | None:
-        raw = self.client.hget(self.keys.attempts, aid)
+        raw = self._hget(self.keys.attempts, aid)
         return decode_attempt(raw) if raw else None
 
     def group_with_results(self, group_id: str
@@ -297,12 +302,13 @@ class Ledger:
             raw, prompt, results = pipe.execute()
         record = decode_group(raw) if raw is not None else None
         if record is not None and record.G != g:  # recorded under another group size
-            results = self.client.hmget(k.results,
-                                        [episode_field(group_id, m) for m in range(record.G)])
+            with translate_errors(self._url):
+                results = self.client.hmget(
+                    k.results, [episode_field(group_id, m) for m in range(record.G)])
         return record, prompt, results
 
     def result(self, group_id: str, member: int) -> bytes | None:
-        return self.client.hget(self.keys.results, episode_field(group_id, member))
+        return self._hget(self.keys.results, episode_field(group_id, member))
 
     def prompt(self, group_id: str) -> bytes | None:
-        return self.client.hget(self.keys.prompts, group_id)
+        return self._hget(self.keys.prompts, group_id)

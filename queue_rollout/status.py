@@ -9,6 +9,7 @@ import redis
 
 from .config import Config
 from .keys import Keys
+from .redis_conn import translate_errors
 
 
 def live_workers(client: redis.Redis, keys: Keys, *, now: float,
@@ -24,6 +25,12 @@ def live_workers(client: redis.Redis, keys: Keys, *, now: float,
 def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
                 now: float | None = None) -> dict[str, object]:
     """One snapshot of the ledger, read in one transaction so its numbers agree."""
+    with translate_errors(redis_url):
+        return _farm_status(client, config, redis_url=redis_url, now=now)
+
+
+def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
+                 now: float | None) -> dict[str, object]:
     keys = Keys(config.farm.name)
     workers = live_workers(client, keys, now=time.time() if now is None else now,
                            stale_after=3 * config.timeouts.lease)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -86,3 +87,32 @@ def free_ports(n: int) -> int:
             continue
     raise RuntimeError(f"no {n} consecutive free ports")
 
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process now (from /proc)."""
+    parent: dict[int, int] = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = Path(f"/proc/{p}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            parent[int(p)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parent
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is *pid*."""
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def process_tree(root: int) -> set[int]:
+    """*root* and every process descending from it."""
+    parent = _parents()
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, pp in parent.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree

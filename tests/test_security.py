@@ -14,27 +14,9 @@ import msgspec
 import queue_rollout
 from queue_rollout.embedded import free_port
 from queue_rollout.procs import cli_exe
-from queue_rollout.testing import wait_for, write_up_farm
+from queue_rollout.testing import process_tree, wait_for, write_up_farm
 
 PACKAGE = Path(queue_rollout.__file__).parent
-
-
-def _tree(root: int) -> set[int]:
-    """*root* and every process descending from it."""
-    parent: dict[int, int] = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                stat = Path(f"/proc/{p}/stat").read_text()
-            except OSError:
-                continue
-            parent[int(p)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, grew = {root}, True
-    while grew:
-        more = {pid for pid, pp in parent.items() if pp in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return tree
 
 
 def _listening(pids: set[int]) -> list[tuple[str, int]]:
@@ -74,7 +56,7 @@ def test_every_endpoint_of_a_farm_listens_on_loopback_by_default(tmp_path):
                           text=True)
     try:
         assert " up: redis " in up.stdout.readline()
-        listeners = wait_for(lambda: (found := _listening(_tree(up.pid))) and len(found) >= 4
+        listeners = wait_for(lambda: (found := _listening(process_tree(up.pid))) and len(found) >= 4
                              and found, what="Redis, metrics and 2 replicas listening")
     finally:
         up.send_signal(signal.SIGINT)
@@ -92,7 +74,7 @@ def test_the_sim_engine_and_sglang_replicas_bind_loopback_unless_told(tmp_path):
                             stdout=subprocess.PIPE, text=True)
     try:
         assert f"listening on http://127.0.0.1:{port}" in proc.stdout.readline()
-        assert _listening(_tree(proc.pid)) == [("127.0.0.1", port)]
+        assert _listening(process_tree(proc.pid)) == [("127.0.0.1", port)]
     finally:
         proc.terminate()
         proc.wait(30)

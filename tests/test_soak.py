@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,23 +45,10 @@ from queue_rollout.embedded import EmbeddedRedis, free_port
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 from queue_rollout.records import decode_attempt
-from queue_rollout.testing import free_ports, wait_for
+from queue_rollout.testing import children, free_ports, wait_for
 
 G = 4
 
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                stat = Path(f"/proc/{p}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(p))
-    return out
 
 
 def _cmdline(pid: int) -> str:
@@ -220,15 +208,15 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
                         detections.watch(fault, lambda b=before: ledger.counters().get(
                             "finished", 0) > b, since=killed_at)
                     elif fault == "replica_kill":
-                        engines = [p for w in _children(node.pid)
+                        engines = [p for w in children(node.pid)
                                    for p in [w] if "sim-engine" in _cmdline(w)]
                         boots = len(_boots(tmp_path))
                         os.kill(rng.choice(engines), signal.SIGKILL)
                         detections.watch(fault, lambda b=boots: len(_boots(tmp_path)) > b)
             if time.monotonic() >= next_kill:  # a random episode process dies
                 next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
-                procs = [c for w in _children(node.pid) if " worker " in _cmdline(w)
-                         for c in _children(w) if "rq_worker" in _cmdline(c)]
+                procs = [c for w in children(node.pid) if " worker " in _cmdline(w)
+                         for c in children(w) if "rq_worker" in _cmdline(c)]
                 if procs:
                     victim = rng.choice(procs)
                     aid = _running_attempt(ledger, victim)
@@ -256,7 +244,8 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
         thread.join(5)
-        assert not failure, f"the trainer failed: {failure[0]!r}"
+        assert not failure, "the trainer failed: " + "".join(
+            traceback.format_exception(failure[0]))
         assert not thread.is_alive(), f"{len(delivered)}/{groups} groups after {elapsed:.0f}s"
         counters = ledger.counters()
         report = examine(ledger.client, ledger.keys)

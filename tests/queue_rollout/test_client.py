@@ -154,3 +154,33 @@ def test_bad_submissions_are_refused_whole_and_change_nothing(used_farm, redis_s
     assert redis_snapshot() == before
     assert used_farm.submit([{"id": "n0", "prompt": "x"}]) == 1  # the farm still takes prompts
     assert redis_snapshot() != before
+
+
+def test_every_trainer_call_raises_redis_unavailable_when_redis_is_gone(tmp_path):
+    """The client is the trainer's boundary: a dead Redis is RedisUnavailable (with the
+    URL masked), never one of redis-py's own errors."""
+    from queue_rollout.embedded import EmbeddedRedis
+    from queue_rollout.errors import RedisUnavailable
+
+    server = EmbeddedRedis(tmp_path / "redis", write_url=False)
+    url = server.start()
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "gone"\nredis_url = "{url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 1\n[timeouts]\npause_barrier = 1\n")
+    client = RolloutClient.from_config(toml)
+    server.stop()
+    calls = {"status": client.status, "version": client.version,
+             "set_version": lambda: client.set_version(3), "pause": client.pause,
+             "resume": client.resume, "update_weights": lambda: client.update_weights("/w", 2),
+             "group": lambda: client.ledger.group("g"),
+             "attempt": lambda: client.ledger.attempt("a"),
+             "result": lambda: client.ledger.result("g", 0),
+             "get_batch": lambda: client.get_batch(timeout=0.5)}
+    for name, call in calls.items():
+        with pytest.raises((RedisUnavailable, BarrierTimeout)) as err:
+            call()
+        if name == "get_batch":  # polls through an outage until its timeout
+            assert isinstance(err.value, BarrierTimeout), name
+        else:
+            assert isinstance(err.value, RedisUnavailable), name
+            assert "Redis unreachable at redis://127.0.0.1:" in str(err.value), name

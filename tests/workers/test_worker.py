@@ -49,6 +49,16 @@ def start_worker(farm_toml: Path, url: str, log: Path | None = None) -> subproce
                             stderr=None if log is None else open(log, "wb"))
 
 
+def dispatch(r, ledger: Ledger, n: int, lengths: list[int]) -> None:
+    """Submit *n* prompts p0.. with *lengths*, admit them all, enqueue their jobs."""
+    ledger.submit((f"p{i}", json.dumps({"id": f"p{i}", "prompt": "x",
+                                        "member_lengths": lengths}).encode())
+                  for i in range(n))
+    for _ in range(n):
+        assert ledger.admit().status == "admitted"
+    assert flush_outbox(r, ledger.keys) == n * len(lengths)
+
+
 def rq_workers(r) -> list[Worker]:
     return Worker.all(connection=r, serializer=JSONSerializer)
 
@@ -65,12 +75,7 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
         status = farm_status(r, config, redis_url="x")
         assert status["workers"] == {"alive": 1, "slots": 2}
 
-        ledger.submit((f"p{i}", json.dumps({"id": f"p{i}", "prompt": "x",
-                                            "member_lengths": [50, 200]}).encode())
-                      for i in range(4))
-        for _ in range(4):
-            assert ledger.admit().status == "admitted"
-        assert flush_outbox(r, ledger.keys) == 8
+        dispatch(r, ledger, 4, [50, 200])
         wait_for(lambda: ledger.counters().get("finished", 0) == 8, what="8 finished episodes")
         assert ledger.counters()["output_tokens"] == 4 * 250
 
@@ -94,10 +99,7 @@ def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, 
         assert "2 episode slots in 1 processes" in proc.stdout.readline()
         wait_for(lambda: len(rq_workers(r)) == 2, what="2 RQ workers")
         assert len({w.pid for w in rq_workers(r)}) == 1  # two threads of one process
-        ledger.submit([("p", json.dumps({"id": "p", "prompt": "x",
-                                         "member_lengths": [1500, 1500]}).encode())])
-        assert ledger.admit().status == "admitted"
-        assert flush_outbox(r, ledger.keys) == 2
+        dispatch(r, ledger, 1, [1500, 1500])
         wait_for(lambda: ledger.counters().get("running", 0) == 2, what="2 running at once")
         proc.send_signal(signal.SIGTERM)  # within the grace (2 s) both episodes finish
         assert proc.wait(60) == 0
@@ -191,12 +193,7 @@ def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at
                              "-c", str(farm_toml)], stdout=subprocess.DEVNULL,
                             stderr=open(log_path, "wb"))
     try:
-        ledger.submit((f"p{i}", json.dumps({"id": f"p{i}", "prompt": "x",
-                                            "member_lengths": [400, 400]}).encode())
-                      for i in range(4))
-        for _ in range(4):
-            assert ledger.admit().status == "admitted"
-        assert flush_outbox(r, ledger.keys) == 8
+        dispatch(r, ledger, 4, [400, 400])
         wait_for(lambda: ledger.counters().get("running", 0) == 2, what="2 running")
         engine_proc.kill()
         engine_proc.wait()
@@ -237,10 +234,7 @@ def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm
               queue.enqueue(EPISODE_JOB_FUNC, "x", on_failure=Callback("os.system"))]
     proc = start_worker(farm_toml, engine.url, log=tmp_path / "worker.log")
     try:
-        ledger.submit([("p", json.dumps({"id": "p", "prompt": "x",
-                                         "member_lengths": [5, 5]}).encode())])
-        assert ledger.admit().status == "admitted"
-        assert flush_outbox(r, ledger.keys) == 2
+        dispatch(r, ledger, 1, [5, 5])
         wait_for(lambda: ledger.counters().get("finished", 0) == 2, what="the real episodes")
         wait_for(lambda: r.llen(f"rq:queue:{ledger.keys.rq_queue}") == 0, what="queue drained")
     finally:
