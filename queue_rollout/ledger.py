@@ -254,12 +254,10 @@ class Ledger:
         return {_s(f): int(v) for f, v in raw.items()}
 
     def version(self) -> int:
-        with translate_errors(self._url):
-            return int(self.client.hget(self.keys.state, "version") or 0)
+        return int(self._hget(self.keys.state, "version") or 0)
 
     def paused(self) -> bool:
-        with translate_errors(self._url):
-            return self.client.hget(self.keys.state, "paused") == b"1"
+        return self._hget(self.keys.state, "paused") == b"1"
 
     def _hget(self, key: str, field: str) -> bytes | None:
         with translate_errors(self._url):

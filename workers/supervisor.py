@@ -128,7 +128,7 @@ class Supervisor:
                     if time.monotonic() >= next_health:
                         next_health = time.monotonic() + self.health_s
                         if self._watch_replica(redis):
-                            next_resolve = 0.0  # a new boot: settle the old one's now
+                            next_resolve = 0.0  # the replica is back: settle its doubt now
                     if time.monotonic() >= next_resolve:
                         resolve_doubt(ledger, self.client, self._current_boot(),
                                       worker_id=self.worker_id,
