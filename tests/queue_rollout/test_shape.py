@@ -63,3 +63,17 @@ def test_a_worker_with_another_group_size_is_refused_at_start(r, redis_url, redi
     assert done.returncode == 2, done.stderr
     assert "rollout.group_size = 2 here, 4 in the farm" in done.stderr
     assert redis_snapshot() == before  # not registered, nothing written
+
+
+@pytest.mark.parametrize("argv", [["collector"], ["node", "--gpus", "0"], ["consume", "--batches", "1", "--timeout", "1"]])
+def test_the_collector_node_and_trainer_commands_refuse_another_workflow(
+        r, redis_url, redis_snapshot, tmp_path: Path, argv):
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    before = redis_snapshot()
+    path = tmp_path / "other.toml"
+    path.write_text(farm_toml(redis_url, '[workflow]\nname = "noop"\n'))
+    done = subprocess.run([cli_exe(), *argv, "-c", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert 'workflow.name = "noop" here, "controlled_length" in the farm' in done.stderr
+    assert redis_snapshot() == before
