@@ -8,14 +8,11 @@ tokens exactly); a result of any other shape is refused as BadInput.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import msgspec
 
+from .config import NonNegInt, PosInt
 from .errors import BadInput
 
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PosInt = Annotated[int, msgspec.Meta(gt=0)]
 
 
 class EpisodeResult(msgspec.Struct, forbid_unknown_fields=True):

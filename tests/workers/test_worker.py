@@ -188,10 +188,7 @@ def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at
     engine_proc = replica()
     first_boot = SGLangClient(url).server_info()["boot_id"]
     log_path = tmp_path / "worker.log"
-    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
-    proc = subprocess.Popen([exe, "worker", "--gpu", "0", "--engine-url", url,
-                             "-c", str(farm_toml)], stdout=subprocess.DEVNULL,
-                            stderr=open(log_path, "wb"))
+    proc = start_worker(farm_toml, url, log=log_path)
     try:
         dispatch(r, ledger, 4, [400, 400])
         wait_for(lambda: ledger.counters().get("running", 0) == 2, what="2 running")
