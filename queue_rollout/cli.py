@@ -26,7 +26,8 @@ def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
 
     client = connect_config(config)
     keys = Keys(config.farm.name)
-    report = repair(client, keys) if args.repair else examine(client, keys)
+    b = config.rollout.batch_size
+    report = repair(client, keys, b) if args.repair else examine(client, keys, b)
     for problem in report.problems:
         print(f"doctor: {problem}")
     if args.repair:

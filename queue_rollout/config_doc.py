@@ -38,10 +38,11 @@ MEANINGS: dict[str, tuple[str, str]] = {
         "the live workers' slots. Unset: group admission.",
         "设置即启用样本级补位：以 episode 槽位计的容量，或 \"auto\"（在线 worker 的槽位和）。"
         "不设：组级准入。"),
-    "rollout.max_staleness": ("Staleness budget: groups admitted ahead of the trainer stay "
-                              "within (max_staleness + version + 1) x B.",
-                              "陈旧度预算：领先训练器准入的组数不超过 "
-                              "(max_staleness + version + 1) x B。"),
+    "rollout.max_staleness": ("Staleness budget: accepted and in-flight groups stay within "
+                              "(max_staleness + 1) x B of the groups the trainer had "
+                              "consumed when it last set the version.",
+                              "陈旧度预算：已接受与在途的组数，不超过训练器上次设置版本时"
+                              "已消费组数再加 (max_staleness + 1) x B。"),
     "rollout.max_attempts": ("Attempts per episode before it fails (lost attempts count).",
                              "每个 episode 的最多尝试次数，超过即失败（lost 的尝试也计入）。"),
     "timeouts.lease": ("Seconds a running attempt's lease lasts; renewed every lease/3.",

@@ -4,7 +4,11 @@ Invariant I3: reserved slots, running and doubtful attempts, and the group count
 must equal what the group and attempt records imply (each group's slots follow from its
 mode, state and done count; each member has exactly one current attempt); the lease and doubt sets
 must hold exactly the running and doubtful attempts; no counter may be negative.
-``repair`` rewrites the counters from the records (run it with admission paused).
+The staleness budget's baseline must say that between none and all of the groups
+consumed so far were consumed when the version was last set (``set_version`` makes it
+``consumed - version * B``).
+``repair`` rewrites the counters from the records, and a baseline out of that range as
+if the version were set now (run it with admission paused).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class Report:
     expected: dict[str, int]
     stored: dict[str, int]
     problems: list[str] = field(default_factory=list)
+    #: the budget baseline repair writes, when the stored one is out of range
+    baseline: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -35,8 +41,9 @@ def _scan(client: redis.Redis, key: str):
     return client.hscan_iter(key, count=1000)
 
 
-def examine(client: redis.Redis, keys: Keys) -> Report:
-    """Compare stored counters with those recomputed from the records."""
+def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
+    """Compare stored counters with those recomputed from the records; *batch_size* is
+    the farm's B (the budget baseline counts groups)."""
     groups = {gid.decode(): decode_group(raw) for gid, raw in _scan(client, keys.groups)}
     states = Counter(g.state for g in groups.values())
     live: dict[str, set[str]] = {"running": set(), "doubtful": set()}
@@ -86,14 +93,26 @@ def examine(client: redis.Redis, keys: Keys) -> Report:
     ready = client.llen(keys.ready)
     if ready != states["accepted"]:
         problems.append(f"ready queue holds {ready}, {states['accepted']} groups are accepted")
+    version, baseline = (int(v or 0) for v in client.hmget(keys.state, "version",
+                                                          "budget_baseline"))
+    consumed_at_set = baseline + version * batch_size
+    if not 0 <= consumed_at_set <= expected["consumed"]:
+        report.baseline = expected["consumed"] - version * batch_size
+        problems.append(
+            f"budget_baseline: stored {baseline}, which counts {consumed_at_set} groups "
+            f"consumed at version {version}, not between 0 and the {expected['consumed']} "
+            f"consumed (B = {batch_size})")
     return report
 
 
-def repair(client: redis.Redis, keys: Keys) -> Report:
-    """Rewrite the derived counters and the lease/doubt sets from the records."""
-    report = examine(client, keys)
+def repair(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
+    """Rewrite the derived counters, the lease/doubt sets and an out-of-range budget
+    baseline from the records."""
+    report = examine(client, keys, batch_size)
     pipe = client.pipeline(transaction=True)
     pipe.hset(keys.counters, mapping=report.expected)
+    if report.baseline is not None:
+        pipe.hset(keys.state, "budget_baseline", report.baseline)
     pipe.delete(keys.leases, keys.doubt)
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)

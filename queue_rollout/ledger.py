@@ -227,10 +227,13 @@ class Ledger:
     # -- trainer controls --------------------------------------------------------------
 
     def set_version(self, version: int) -> int:
-        """Set the policy version; returns the previous one."""
+        """Set the policy version and move the staleness budget's baseline so that the
+        groups consumed so far count as ``version * B``; returns the previous version."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
-        return int(self._answer("set_version", [self.keys.state], version).detail)
+        k = self.keys
+        return int(self._answer("set_version", [k.state, k.counters], version,
+                                self.rollout.batch_size).detail)
 
     def set_paused(self, paused: bool, mode: str = "in_place") -> bool:
         """Raise or clear the pause flag; returns the previous flag."""
@@ -255,6 +258,11 @@ class Ledger:
 
     def version(self) -> int:
         return int(self._hget(self.keys.state, "version") or 0)
+
+    def budget_baseline(self) -> int:
+        """Groups the staleness budget does not count of ``accepted`` (negative after a
+        trainer resumed at a version ahead of what it consumed here)."""
+        return int(self._hget(self.keys.state, "budget_baseline") or 0)
 
     def paused(self) -> bool:
         return self._hget(self.keys.state, "paused") == b"1"

@@ -55,6 +55,7 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
         "doubtful": c.get("doubtful", 0),
         "version": int(state.get("version", 0)),
         "paused": state.get("paused") == "1",
+        "budget_baseline": int(state.get("budget_baseline", 0)),
         "groups": {
             "pending": pending,
             "in_flight": c.get("in_flight", 0),

@@ -248,7 +248,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
             traceback.format_exception(failure[0]))
         assert not thread.is_alive(), f"{len(delivered)}/{groups} groups after {elapsed:.0f}s"
         counters = ledger.counters()
-        report = examine(ledger.client, ledger.keys)
+        report = examine(ledger.client, ledger.keys, ledger.rollout.batch_size)
         states = {gid.decode(): json.loads(raw)["state"]
                   for gid, raw in ledger.client.hgetall(ledger.keys.groups).items()}
         rejected = sorted(gid for gid, state in states.items() if state == "rejected")

@@ -230,7 +230,7 @@ class Bench:
                 self.progress(f"{profile.name} {mode}: batch {k + 1}/{batches} ready at "
                               f"{now:.2f}s")
             run.counters = client.ledger.counters()
-            run.doctor_problems = examine(client.ledger.client, client.ledger.keys).problems
+            run.doctor_problems = examine(client.ledger.client, client.ledger.keys, s.batch_size).problems
             run.requests = self._requests(t0, t0 + run.all_work_s + 1.0)
         finally:
             stop.set()

@@ -5,7 +5,7 @@
 -- and enqueueing.
 --
 -- KEYS[1] = counters hash
--- KEYS[2] = state hash (version, paused)
+-- KEYS[2] = state hash (version, paused, budget_baseline)
 -- KEYS[3] = pending list of prompt ids
 -- KEYS[4] = groups hash
 -- KEYS[5] = attempts hash
@@ -33,9 +33,12 @@ end
 if redis.call('LLEN', KEYS[3]) == 0 then
   return {'empty', ''}
 end
-local version = tonumber(redis.call('HGET', state, 'version') or '0')
+local st = redis.call('HMGET', state, 'version', 'budget_baseline')
+local version, baseline = tonumber(st[1] or '0'), tonumber(st[2] or '0')
 local in_flight = counter(counters, 'in_flight')
-if counter(counters, 'accepted') + in_flight + 1 > (max_staleness + version + 1) * B then
+-- accepted counts from the baseline set_version keeps (set_version.lua says why)
+if counter(counters, 'accepted') - baseline + in_flight + 1
+    > (max_staleness + version + 1) * B then
   bump(counters, 'blocked:staleness', 1)
   return {'blocked', 'staleness'}
 end

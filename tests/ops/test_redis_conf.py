@@ -303,7 +303,7 @@ def test_the_ledger_survives_a_redis_crash_and_aof_replay_under_these_acls(tmp_p
             assert acl_log(admin) == []  # the replay was refused nothing
         with server.client("admin") as raw:
             assert snapshot(raw) == before
-            assert examine(raw, Keys(FARM)).ok
+            assert examine(raw, Keys(FARM), batch_size=2).ok
         again = RolloutClient.from_config(tomls["trainer"])  # the farm carries on
         assert again.ledger.counters()["accepted"] == 1
         assert again.ledger.pop_batch("trainer-0") is None  # 1 group ready of B = 2
@@ -386,7 +386,7 @@ def test_the_farm_runs_end_to_end_as_collector_worker_and_trainer_users(
     assert rc == 0, (tmp_path / "worker.log").read_text()[-3000:]
     assert admin.hlen(Keys(FARM).workers) == 0  # the worker deregistered as itself
     with ops_redis.client("admin") as raw:
-        assert examine(raw, Keys(FARM)).ok
+        assert examine(raw, Keys(FARM), batch_size=2).ok
     # Nothing was refused along the way, not even what the package or RQ would swallow
     # (RQ's CLIENT SETNAME, a denied pub/sub subscription, a retried script).
     assert acl_log(admin) == []

@@ -184,3 +184,19 @@ def test_a_good_file_is_submitted_whole(farm, tmp_path, r, redis_snapshot):
     assert redis_snapshot() != before
     assert r.lrange("qr:{bi}:pending", 0, -1) == [b"b", b"n1", b"n2", b"n3"]
     assert json.loads(r.hget("qr:{bi}:prompts", "n2"))["prompt"] == "a\u2028b\x85c"
+
+
+@pytest.mark.parametrize("value,message", [
+    ("-1", "set-version: N must be >= 0, got -1"),
+    ("1.5", "argument N: invalid int value: '1.5'"),
+    ("ten", "argument N: invalid int value: 'ten'"),
+])
+def test_set_version_refuses_bad_values_and_changes_nothing(farm, redis_snapshot, value,
+                                                            message):
+    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    before = redis_snapshot()
+    out = subprocess.run([exe, "set-version", value, "-c", str(farm)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert redis_snapshot() == before

@@ -72,7 +72,7 @@ def test_the_leader_killed_mid_run_is_replaced(tmp_path, redis_url, r, recovery)
     c = client.ledger.counters()
     assert (c["admitted"], c["accepted"], c["consumed"], c["finished"]) == (16, 16, 16, 32)
     assert (c["reserved"], c.get("in_flight", 0)) == (0, 0)
-    assert examine(r, client.ledger.keys).ok
+    assert examine(r, client.ledger.keys, client.ledger.rollout.batch_size).ok
     assert client.status()["groups"]["consumed"] == 16
 
 

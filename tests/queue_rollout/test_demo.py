@@ -36,7 +36,7 @@ def test_reference_long_tail_shape_in_both_modes(r):
     assert sample.mean_rollout_interval < group.mean_rollout_interval * 0.6
     assert sample.mean_active > group.mean_active
     for ledger in (group_ledger, sample_ledger):
-        assert examine(ledger.client, ledger.keys).ok
+        assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
         c = ledger.counters()
         assert (c["reserved"], c["in_flight"], c["consumed"]) == (0, 0, 128)
 

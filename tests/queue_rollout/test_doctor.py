@@ -34,7 +34,7 @@ def busy_ledger(make_ledger):
 
 def test_doctor_passes_fails_on_a_corrupt_counter_and_repairs(make_ledger, farm_toml, capsys):
     ledger = busy_ledger(make_ledger)
-    assert examine(ledger.client, ledger.keys).ok
+    assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
     assert main(["doctor", "-c", farm_toml]) == 0
     assert "doctor: ok (4 slots reserved, 2 groups in flight)" in capsys.readouterr().out
 
@@ -54,7 +54,7 @@ def test_doctor_passes_fails_on_a_corrupt_counter_and_repairs(make_ledger, farm_
 def test_doctor_reports_negative_counters(make_ledger):
     ledger = busy_ledger(make_ledger)
     ledger.client.hset(ledger.keys.counters, "finished", -1)
-    report = examine(ledger.client, ledger.keys)
+    report = examine(ledger.client, ledger.keys, ledger.rollout.batch_size)
     assert "finished: negative (-1)" in report.problems
 
 
@@ -62,7 +62,7 @@ def test_doctor_finds_a_group_whose_done_count_disagrees_with_its_attempts(make_
     ledger = busy_ledger(make_ledger)
     raw = ledger.client.hget(ledger.keys.groups, "p1")
     ledger.client.hset(ledger.keys.groups, "p1", raw.replace(b'"done":0', b'"done":1'))
-    problems = examine(ledger.client, ledger.keys).problems
+    problems = examine(ledger.client, ledger.keys, ledger.rollout.batch_size).problems
     assert "group p1: done 1, 0 members ended" in problems
     assert "reserved: stored 4, records say 3" in problems
 

@@ -8,7 +8,7 @@ import re
 import pytest
 import redis
 
-from queue_rollout.doctor import examine
+from queue_rollout.doctor import examine, repair
 from queue_rollout.keys import EVENTS_GROUP
 from queue_rollout.ledger import Ledger
 from queue_rollout.testing import trivial_prompts
@@ -221,7 +221,7 @@ def test_episode_fails_after_max_attempts_and_the_group_still_completes(make_led
     final = ledger.retry(aid, cause="generate_error")
     assert (final.status, final.detail) == ("failed", "group_complete")
     assert ledger.attempt(aid).state == "failed" and ledger.attempt(aid).resolution == "stopped"
-    assert examine(ledger.client, ledger.keys).ok
+    assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
     c = ledger.counters()
     assert (c["failed"], c["finished"], c["reserved"]) == (1, 1, 0)
     assert ledger.group(g.group_id).failed == 1
@@ -306,18 +306,76 @@ def test_judge_acknowledges_the_stream_entry_and_judges_once(make_ledger, r):
     assert ledger.counters()["accepted"] == 1
 
 
-def test_pause_blocks_admission_and_version_widens_the_budget(make_ledger):
+def consume_one_batch(ledger: Ledger, admission) -> None:
+    """Run a group through, judge it, deliver and acknowledge it (B = 1)."""
+    complete_group(ledger, admission)
+    assert ledger.judge(admission.group_id, accept=True).status == "accepted"
+    delivery = ledger.pop_batch("t")
+    assert delivery is not None
+    assert ledger.ack("t", delivery.batch.id).status == "acked"
+
+
+def test_pause_blocks_admission_and_a_consumed_batch_widens_the_budget(make_ledger):
     ledger = make_ledger(group_size=1, batch_size=1, max_staleness=0, max_concurrent_samples=9)
     ledger.submit(trivial_prompts(3))
     assert ledger.set_paused(True) is False
     assert ledger.admit().reason == "paused"
     assert ledger.set_paused(False) is True
-    admit_groups(ledger, 1)
+    [first] = admit_groups(ledger, 1)
     assert ledger.admit().reason == "staleness"
+    consume_one_batch(ledger, first)
     assert ledger.set_version(1) == 0
+    assert ledger.budget_baseline() == 0  # one batch per version: the budget as it was
     assert ledger.admit().status == "admitted"
     with pytest.raises(ValueError):
         ledger.set_version(-1)
+
+
+@pytest.mark.parametrize("mode", ["sample", "group"])
+def test_a_version_jump_up_admits_no_burst(make_ledger, mode):
+    """A trainer resuming from a checkpoint at version 10 against a fresh farm: the
+    budget stays (max_staleness + 1) * B groups ahead of what it has consumed."""
+    cap = {"max_concurrent_samples": 50} if mode == "sample" else {"max_concurrent_rollouts": 50}
+    ledger = make_ledger(group_size=1, batch_size=1, max_staleness=2, **cap)
+    ledger.submit(trivial_prompts(20))
+    assert ledger.set_version(10) == 0
+    assert ledger.budget_baseline() == -10  # accepted counts as 10 * B
+    admitted = admit_groups(ledger, 3)
+    assert ledger.admit().reason == "staleness"
+    consume_one_batch(ledger, admitted[0])
+    ledger.set_version(11)
+    assert ledger.budget_baseline() == -10
+    admit_groups(ledger, 1)
+    assert ledger.admit().reason == "staleness"
+    assert ledger.counters()["accepted"] == 1  # the counter counts real groups
+
+
+def test_a_rollback_admits_again_at_once(make_ledger):
+    """A farm run to version 20, then set back to 10: admission resumes, up to
+    (max_staleness + 1) * B groups ahead, instead of waiting for version 20 again."""
+    ledger = make_ledger(group_size=1, batch_size=1, max_staleness=2, max_concurrent_samples=50)
+    ledger.submit(trivial_prompts(30))
+    for v in range(1, 21):
+        consume_one_batch(ledger, admit_groups(ledger, 1)[0])
+        ledger.set_version(v)
+    assert ledger.budget_baseline() == 0
+    assert ledger.set_version(10) == 20
+    assert ledger.budget_baseline() == 10  # 20 consumed count as 10 * B
+    admit_groups(ledger, 3)
+    assert ledger.admit().reason == "staleness"
+    assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
+
+
+def test_doctor_finds_and_repairs_a_baseline_out_of_range(make_ledger):
+    ledger = make_ledger(group_size=1, batch_size=2, max_concurrent_samples=4)
+    ledger.set_version(3)
+    assert ledger.budget_baseline() == -6
+    ledger.client.hset(ledger.keys.state, "version", 5)  # set behind the script's back
+    report = examine(ledger.client, ledger.keys, 2)
+    assert [p for p in report.problems if p.startswith("budget_baseline")], report.problems
+    repair(ledger.client, ledger.keys, 2)
+    assert ledger.budget_baseline() == -10
+    assert examine(ledger.client, ledger.keys, 2).ok
 
 
 def test_submit_is_all_or_nothing_on_duplicates(make_ledger):

@@ -12,8 +12,9 @@ Notifications the ledger must ignore (duplicate, stale, mismatched, unknown) are
 to change nothing at all except the ``ignored`` counter, which counts refusals by design.
 
 Checked after every step (or at the admission itself): I1 reserved slots within
-capacity, no counter negative; I2 accepted + in flight <= (max_staleness + version + 1)
-* B at each admission; I3 ``reserved`` equals the episodes holding a slot, ``running`` /
+capacity, no counter negative; I2 (accepted - baseline) + in flight <= (max_staleness +
+version + 1) * B at each admission and after every step, where set_version moves the
+baseline to consumed - version * B (version jumps up and down are a rule of their own); I3 ``reserved`` equals the episodes holding a slot, ``running`` /
 ``doubtful`` and the leases / doubt sets hold exactly the live attempts (held slots are
 not stored: ``reserved`` must equal what the group records imply); I4 one result
 per episode, never overwritten, finished + failed = terminal episodes; I6 batches of
@@ -153,6 +154,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.events_seen: set[str] = set()
         self.unacked_entries: dict[str, str] = {}  # gid -> events entry id read, not acked
         self.version = 0
+        self.baseline = 0  # the staleness budget's baseline, in groups
+        self.consumed_at_set = 0  # groups consumed when the version was last set
+        self.accepted_at_set = 0  # groups accepted by then
         self.paused = False
         self.c: collections.Counter[str] = collections.Counter()  # explicit counters
         self.nonce = 0
@@ -529,7 +533,7 @@ class LedgerMachine(RuleBasedStateMachine):
             pred = ("blocked", "paused")
         elif not self.pending:
             pred = ("empty", "")
-        elif self.c["accepted"] + d["in_flight"] + 1 > (
+        elif self.c["accepted"] - self.baseline + d["in_flight"] + 1 > (
                 self.staleness + self.version + 1) * self.B:
             pred = ("blocked", "staleness")
         elif d["reserved"] + self.G > self.capacity:
@@ -565,7 +569,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert c["reserved"] <= self.capacity, f"I1: reserved {c} > capacity {self.capacity}"
         if self.mode == "group":
             assert len(self.groups_in("in_flight")) <= self.cfg.max_concurrent_rollouts
-        assert c.get("accepted", 0) + c["in_flight"] <= (
+        assert c.get("accepted", 0) - led.budget_baseline() + c["in_flight"] <= (
             self.staleness + led.version() + 1) * self.B, f"I2: {c} version {led.version()}"
 
     # -- rules: the farm's processes (workers, collector, trainers), the reconciler ---
@@ -825,12 +829,19 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def set_version(self, data: st.DataObject) -> None:
-        self.do_set_version(data.draw(st.sampled_from(
-            [self.version + 1, self.version + 2, max(self.version - 1, 0), 0]), label="v"))
+        """A trainer resuming from a checkpoint or rolled back: the version jumps."""
+        v = data.draw(st.sampled_from([self.version + 1, self.version + 2, self.version + 7,
+                                       max(self.version - 1, 0), max(self.version - 5, 0),
+                                       0]), label="v")
+        self.cov[f"set_version:{'up' if v > self.version else 'down_or_same'}"] += 1
+        self.do_set_version(v)
 
     def do_set_version(self, v: int) -> None:
         assert self.ledger.set_version(v) == self.version
         self.version = v
+        self.baseline = self.c["consumed"] - v * self.B
+        self.consumed_at_set = self.c["consumed"]
+        self.accepted_at_set = self.c["accepted"]
 
     @rule(paused=st.sampled_from([False, True, False]))
     def set_paused(self, paused: bool) -> None:
@@ -926,6 +937,16 @@ class LedgerMachine(RuleBasedStateMachine):
             self.held_batches
         state = snap[k.state]
         assert int(state.get(b"version", 0)) == self.version
+        assert int(state.get(b"budget_baseline", 0)) == self.baseline
+        # I2 after every step, against the moved baseline, and in the words of a jump:
+        # groups accepted since the version was last set, plus those in flight, stay
+        # within (max_staleness + 1) * B plus the groups consumed since
+        accepted, in_flight = c.get("accepted", 0), c.get("in_flight", 0)
+        assert accepted - self.baseline + in_flight <= (
+            self.staleness + self.version + 1) * self.B, ("I2", c, self.baseline)
+        assert accepted - self.accepted_at_set + in_flight <= (
+            self.staleness + 1) * self.B + (self.c["consumed"] - self.consumed_at_set), \
+            ("I2 since the version was set", c, self.accepted_at_set, self.consumed_at_set)
         assert (state.get(b"paused") == b"1") == self.paused
 
 
@@ -958,8 +979,9 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
     COVERAGE[key].clear()
     cov = COVERAGE[key]
     m = LedgerMachine(client, mode, coverage=key)
-    # G=2, B=1, staleness 0, capacity 2 groups (4 slots; sample mode 5)
-    m.setup(G=2, B=1, groups_cap=2, extra=1, staleness=0)
+    # G=2, B=1, staleness 2 (3 groups ahead of the trainer), capacity 2 groups (4 slots;
+    # sample mode 5)
+    m.setup(G=2, B=1, groups_cap=2, extra=1, staleness=2)
 
     def step(path: str, fn, *args) -> None:
         before = cov[path]
@@ -972,10 +994,7 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
 
     try:
         step("admit:admitted:", m.do_admit)                        # p0, version 0
-        step("admit:blocked:staleness", m.do_admit)                # budget (0+0+1)*1
-        m.do_set_version(1)
         step("admit:admitted:", m.do_admit)                        # p1
-        m.do_set_version(2)
         step("admit:blocked:capacity", m.do_admit)                 # 4 slots reserved
         m.do_set_paused(True)
         step("admit:blocked:paused", m.do_admit)
@@ -1007,7 +1026,11 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
         assert m.groups["p0"].state == "complete" and m.groups["p0"].failed == 1
         step("ignored:retry_stopped", m.do_retry, a0b, "stopped", "replica_restart")
 
-        step("admit:admitted:", m.do_admit)                        # p0's slots are free
+        step("admit:admitted:", m.do_admit)                        # p2: p0's slots are free
+        step("admit:blocked:staleness", m.do_admit)                # 3 in flight, budget 3
+        m.do_set_version(10)                                       # a trainer resumes at 10
+        step("admit:blocked:staleness", m.do_admit)                # no burst: 0 consumed
+        m.do_set_version(0)
         m.read_events()
         step("judge:accept", m.do_judge, "p0", True, "", m.unacked_entries["p0"])
         step("ignored:judge", m.do_judge, "p0", False, "plugin", "")
@@ -1035,8 +1058,10 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
         step("ignored:finish", m.do_finish, b1b, 1, "finished", 0)  # rejected, purged
         step("ignored:judge", m.do_judge, "p1", True, "", "")
 
-        m.do_set_version(0)
-        step("admit:blocked:staleness", m.do_admit)                # 1 accepted + 1 in flight
+        m.do_set_version(1)                                        # one batch consumed
+        step("admit:admitted:", m.do_admit)                        # p3: the window moved on
+        m.do_set_version(0)                                        # a rollback below it
+        step("admit:blocked:capacity", m.do_admit)                 # 1 consumed, 2 in flight
         step("submit:duplicate", m.submit_duplicate_ids, ["p9", "p0"], "p0")
     finally:
         client.close()

@@ -145,7 +145,8 @@ def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_sto
         counters = client.ledger.counters()
         assert counters.get("retries:replica_restart", 0) >= 1, counters
         assert counters["consumed"] == 8 and counters.get("reserved", 0) == 0
-        assert examine(client.ledger.client, client.ledger.keys).ok
+        led = client.ledger
+        assert examine(led.client, led.keys, led.rollout.batch_size).ok
         assert on_gpu0
     finally:
         stop.set()

@@ -76,7 +76,7 @@ def test_the_farm_carries_on_across_a_redis_crash_and_restart(tmp_path: Path, ap
     if appendfsync == "always":
         assert len(delivered) == GROUPS  # nothing acknowledged was lost: exactly once
     ledger = client.ledger
-    report = examine(ledger.client, ledger.keys)
+    report = examine(ledger.client, ledger.keys, ledger.rollout.batch_size)
     assert report.ok, report.problems
     counters = ledger.counters()
     assert counters.get("reserved", 0) == 0 and counters.get("running", 0) == 0

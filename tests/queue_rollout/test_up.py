@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from queue_rollout.embedded import free_port
-from queue_rollout.testing import farm_up, write_up_farm as write_farm
+from queue_rollout.testing import farm_up, wait_for, write_up_farm as write_farm
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
@@ -152,3 +152,45 @@ def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(t
             client.ack(batch)
         assert sorted(seen) == sorted(["slow1", "slow2"] + [f"fast{i}" for i in range(4)])
         assert set(seen[-2:]) == {"slow1", "slow2"}  # the stragglers' groups came last
+
+
+def test_a_trainer_resuming_at_version_10_gets_no_burst(tmp_path):
+    """A fresh farm, `set-version 10` (a trainer resuming from a checkpoint), then
+    prompts: at most (max_staleness + 1) * B = 3 groups are admitted ahead of the
+    trainer, and no consumed group is more than max_staleness versions old."""
+    metrics_port = free_port()
+    toml = write_farm(tmp_path / "farm.toml", "resume", tmp_path / "state", slots=4,
+                      metrics_port=metrics_port,
+                      rollout="group_size = 2\nbatch_size = 1\nmax_staleness = 2\n"
+                              "max_concurrent_samples = 8")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt": "x",
+                                           "member_lengths": [20, 30]}) + "\n"
+                               for i in range(12)))
+    with farm_up(toml):
+        assert cli("set-version", "10", "-c", str(toml)).returncode == 0
+        assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
+
+        def status() -> dict:
+            return json.loads(cli("status", "--json", "-c", str(toml)).stdout)
+
+        # once three groups are ready the collector has had every chance to admit more
+        s = wait_for(lambda: (x := status())["groups"]["ready"] >= 3 and x, timeout=60,
+                     what="three groups ready")
+        assert (s["groups"]["pending"], s["groups"]["ready"], s["groups"]["in_flight"]) == (
+            9, 3, 0), s
+        assert s["budget_baseline"] == -10 and s["version"] == 10
+
+        consumed = cli("consume", "--batches", "12", "--json", "-c", str(toml))
+        assert consumed.returncode == 0, consumed.stderr
+        batches = [json.loads(x) for x in consumed.stdout.splitlines()]
+        assert [b["version"] for b in batches] == list(range(10, 22))
+        for b in batches:
+            [group] = b["groups"]
+            admitted_at = min(v for m in group["members"] for v in m["versions"])
+            assert 0 <= b["version"] - admitted_at <= 2, b
+        metrics = wait_for(lambda: (text := urllib.request.urlopen(
+            f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode())
+            and "queue_rollout_consumed_group_staleness_count 12.0" in text and text,
+            timeout=30, what="12 staleness observations")
+        assert 'queue_rollout_consumed_group_staleness_bucket{le="2.0"} 12.0' in metrics

@@ -96,7 +96,7 @@ def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(r
     assert (c["finished"], c.get("failed", 0), c["reserved"], c.get("doubtful", 0)) == (128, 0, 0, 0)
     assert (c["consumed"], c.get("ignored", 0)) == (32, 0)  # no result was recorded twice
     assert c["output_tokens"] == sum(map(sum, lengths.values()))
-    assert examine(r, ledger.keys).ok
+    assert examine(r, ledger.keys, ledger.rollout.batch_size).ok
 
 
 def test_a_long_episode_is_never_taken_for_abandoned_while_its_worker_lives(r, redis_url, tmp_path):

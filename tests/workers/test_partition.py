@@ -157,7 +157,7 @@ def test_a_cut_off_worker_host_keeps_its_slots_and_its_late_results_count_once(t
             counters = ledger.counters()
             assert not any(k.startswith("retries:") for k in counters), counters
             assert counters["finished"] == 32 and counters.get("reserved", 0) == 0
-            assert examine(ledger.client, ledger.keys).ok
+            assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
         finally:
             stop_all(procs, 30)
         rids = [json.loads(line)["rid"] for host in ("a", "b")
