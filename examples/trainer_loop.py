@@ -37,7 +37,7 @@ def train_step(batch, mask: list[list[list[bool]]]) -> float:
     """The trainer's own work; here a stand-in: the mean reward-weighted kept-token count."""
     kept = [sum(tokens) for group in mask for tokens in group]
     rewards = [m.reward or 0.0 for g in batch.groups for m in g.members]
-    return sum(k * (1.0 + r) for k, r in zip(kept, rewards)) / max(1, len(kept))
+    return sum(k * (1.0 + r) for k, r in zip(kept, rewards, strict=True)) / max(1, len(kept))
 
 
 def save_checkpoint(step: int, root: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Configuration: msgspec structs for the farm's TOML file (DESIGN section 6).
+"""Configuration: msgspec structs for the farm's TOML file.
 
 Unknown keys, wrong types (booleans, floats or strings where ints belong) and values
 out of range are refused with a :class:`~queue_rollout.errors.ConfigError` whose
@@ -13,11 +13,11 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .errors import ConfigError
+from queue_rollout.errors import ConfigError
 
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -242,7 +242,7 @@ _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"
 
 def to_toml(config: Config) -> str:
     """The config as TOML that :func:`decode_config` reads back unchanged."""
-    def section(name: str, values: dict) -> list[str]:
+    def section(name: str, values: dict[str, Any]) -> list[str]:
         lines = [f"[{name}]"]
         nested = []
         for key, value in values.items():

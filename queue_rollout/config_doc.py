@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from .config import Config
+from queue_rollout.config import Config
 
 #: "section.key" -> (English, Chinese)
 MEANINGS: dict[str, tuple[str, str]] = {
@@ -62,7 +62,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "acceptance.max_failed_members": ("Failed members a group may have and still be accepted.",
                                       "组内允许失败的成员数，仍可被接受。"),
     "acceptance.plugin": ("`package.module:function(group)`: True, or a reason string to "
-                          "reject.", "`package.module:function(group)`：返回 True，或拒绝原因字符串。"),
+                          "reject.",
+                          "`package.module:function(group)`：返回 True，或拒绝原因字符串。"),
     "workflow.name": ("Episode workflow: `controlled_length`, `math`, `noop` or "
                       "`package.module:factory`.",
                       "episode 工作流：`controlled_length`、`math`、`noop` 或 "
@@ -94,7 +95,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
                                  "`--max-running-requests`）。"),
     "engine.threads_per_process": ("A worker's episode slots per process, as threads (1: a "
                                    "process per slot).",
-                                   "worker 每个进程中的 episode 槽位数，以线程运行（1：每槽位一个进程）。"),
+                                   "worker 每个进程中的 episode 槽位数，以线程运行"
+                                   "（1：每槽位一个进程）。"),
     "engine.step_ms": ("sim: decode step time with one running request (ms).",
                        "sim：单个运行请求时的解码步时长（毫秒）。"),
     "engine.step_ms_per_request": ("sim: added to the step per running request (ms).",
@@ -108,7 +110,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
                          "`node`：第 i 个副本监听 base_port + i。"),
     "engine.deterministic": ("`node`: pass `--enable-deterministic-inference` (a retry "
                              "reproduces its episode).",
-                             "`node`：传入 `--enable-deterministic-inference`（重试可复现 episode）。"),
+                             "`node`：传入 `--enable-deterministic-inference`"
+                             "（重试可复现 episode）。"),
     "engine.sglang_args": ("`node`: extra SGLang launch arguments, passed through.",
                            "`node`：额外的 SGLang 启动参数，原样传递。"),
     "limits.max_prompt_bytes": ("Largest prompt accepted (bytes of JSON).",
@@ -138,8 +141,10 @@ def _type(t: Any) -> str:
         return " \\| ".join(json.dumps(v) for v in t.values)
     if isinstance(t, msgspec.inspect.ListType):
         return f"list of {_type(t.item_type)}"
-    name = {msgspec.inspect.IntType: "int", msgspec.inspect.FloatType: "float",
-            msgspec.inspect.StrType: "string", msgspec.inspect.BoolType: "bool"}.get(type(t))
+    names: dict[type[msgspec.inspect.Type], str] = {
+        msgspec.inspect.IntType: "int", msgspec.inspect.FloatType: "float",
+        msgspec.inspect.StrType: "string", msgspec.inspect.BoolType: "bool"}
+    name = names.get(type(t))
     if name is None:
         return type(t).__name__
     bounds = [f"{op} {getattr(t, attr)}" for attr, op in
@@ -163,7 +168,9 @@ def _default(field: Any) -> str:
 def sections(struct: type = Config, prefix: str = "") -> list[tuple[str, list[tuple[str, Any]]]]:
     """(section name, [(key, field)]) for every TOML table, nested ones after."""
     own, nested = [], []
-    for field in msgspec.inspect.type_info(struct).fields:
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType), struct
+    for field in info.fields:
         if isinstance(field.type, msgspec.inspect.StructType):
             nested += sections(field.type.cls, f"{prefix}{field.name}.")
         else:

@@ -1,10 +1,10 @@
 """One exception tree for queue-rollout.
 
 Every error the package raises on purpose derives from :class:`QueueRolloutError`.
-Each class carries the CLI exit code of DESIGN section 6, so the CLI maps errors to
-exit codes in one place. Redis errors are translated at the boundary
-(:mod:`queue_rollout.redis_conn`) into :class:`RedisUnavailable` or
-:class:`LedgerError`.
+Each class carries its CLI exit code (1 an invariant violation, 2 bad input or config, 3
+a timeout, 4 Redis unreachable), so the CLI maps errors to exit codes in one place.
+Redis errors are translated at the boundary (:mod:`queue_rollout.ledger.connection`)
+into :class:`RedisUnavailable` or :class:`LedgerError`.
 """
 
 from __future__ import annotations

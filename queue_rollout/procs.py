@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import sys
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 HEALTHY_S = 10.0  # a child that ran this long before it died restarts without backoff
@@ -21,7 +22,7 @@ def cli_exe() -> str:
     return shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
 
 
-def stop_all(procs: Iterable[subprocess.Popen], timeout: float) -> None:
+def stop_all(procs: Iterable[subprocess.Popen[Any]], timeout: float) -> None:
     """SIGTERM every live process, wait for all up to *timeout* in total, SIGKILL the
     ones still there."""
     live = [p for p in procs if p.poll() is None]
@@ -47,7 +48,7 @@ class Supervised:
     env: dict[str, str] | None = None
     log_path: Path | None = None  # its stderr goes here (appended) instead of ours
     before_start: Callable[[Supervised], None] | None = None  # e.g. a new boot id in argv
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[Any] | None = None
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = 0.0

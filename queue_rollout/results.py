@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from .config import NonNegInt, PosInt
-from .errors import BadInput
-
+from queue_rollout.config import NonNegInt, PosInt
+from queue_rollout.errors import BadInput
 
 
 class EpisodeResult(msgspec.Struct, forbid_unknown_fields=True):

@@ -1,7 +1,7 @@
 """Shared fixtures: a private redis-server per test session, a clean database per test.
 
 The server is started by the same launcher the embedded farm uses
-(:class:`queue_rollout.embedded.EmbeddedRedis`) on a free port; it never touches the
+(:class:`queue_rollout.ledger.embedded.EmbeddedRedis`) on a free port; it never touches the
 machine's own Redis on 6379.
 """
 
@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from queue_rollout.config import RolloutConfig
-from queue_rollout.embedded import EmbeddedRedis
-from queue_rollout.ledger import Ledger
-from queue_rollout.testing import FakeClock
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.virtual.clock import ManualClock
 
 
 @pytest.fixture(scope="session")
@@ -43,12 +43,12 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def make_ledger(r: redis.Redis, clock: FakeClock):
+def make_ledger(r: redis.Redis, clock: ManualClock):
     """``make_ledger(**rollout_fields)`` -> a Ledger on farm "t" with the fake clock."""
 
     def make(farm: str = "t", **fields: object) -> Ledger:

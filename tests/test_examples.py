@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from queue_rollout.config import load_config
-from queue_rollout.embedded import free_port
-from queue_rollout.ledger import Ledger
-from queue_rollout.redis_conn import connect_config
-from queue_rollout.testing import farm_up, write_up_farm
+from queue_rollout.ledger.connection import connect_config
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import free_port
+from testkit import farm_up, write_up_farm
 
 ROOT = Path(__file__).resolve().parents[1]
 

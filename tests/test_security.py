@@ -12,9 +12,9 @@ from pathlib import Path
 import msgspec
 
 import queue_rollout
-from queue_rollout.embedded import free_port
+from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import cli_exe
-from queue_rollout.testing import process_tree, wait_for, write_up_farm
+from testkit import process_tree, wait_for, write_up_farm
 
 PACKAGE = Path(queue_rollout.__file__).parent
 
@@ -67,7 +67,7 @@ def test_every_endpoint_of_a_farm_listens_on_loopback_by_default(tmp_path):
 
 def test_the_sim_engine_and_sglang_replicas_bind_loopback_unless_told(tmp_path):
     from queue_rollout.config import Config
-    from queue_rollout.node import replica_argv
+    from queue_rollout.launch.node import replica_argv
 
     port = free_port()
     proc = subprocess.Popen([cli_exe(), "sim-engine", "--port", str(port)],

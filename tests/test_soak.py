@@ -40,12 +40,12 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout import RolloutClient
-from queue_rollout.doctor import examine
-from queue_rollout.embedded import EmbeddedRedis, free_port
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import Supervised, cli_exe, stop_all
-from queue_rollout.records import decode_attempt
-from queue_rollout.testing import children, free_ports, wait_for
+from testkit import children, free_ports, wait_for
 
 G = 4
 
@@ -77,7 +77,8 @@ class Detections:
         self.pending: list[tuple[str, float, Callable[[], bool | None]]] = []
         self.seconds: dict[str, list[float]] = {}
 
-    def watch(self, kind: str, check: Callable[[], bool | None], since: float | None = None) -> None:
+    def watch(self, kind: str, check: Callable[[], bool | None],
+              since: float | None = None) -> None:
         self.pending.append((kind, time.monotonic() if since is None else since, check))
 
     def record(self, kind: str, seconds: float) -> None:
@@ -135,9 +136,9 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
                     "[timeouts]\nlease = 2\ndoubt = 60\nshutdown_grace = 2\nleader_lease = 2\n"
                     f"[metrics]\nport = {free_port()}\n")
     lengths = {f"s{i:04d}": [rng.randint(50, 600) for _ in range(G)] for i in range(groups)}
-    node = subprocess.Popen([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "node.log", "wb"),
-                            cwd=tmp_path)
+    with open(tmp_path / "node.log", "wb") as node_log:  # the child keeps its own copy
+        node = subprocess.Popen([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],
+                                stdout=subprocess.DEVNULL, stderr=node_log, cwd=tmp_path)
     collector = Supervised("collector", [cli_exe(), "collector", "-c", str(toml)],
                            log_path=tmp_path / "collector.log")
     faults = {"episode_process_kill": 0, "collector_kill": 0, "redis_kill": 0,
@@ -160,7 +161,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
         def trainer() -> None:
             try:
                 take_all()
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            except BaseException as exc:
                 failure.append(exc)
 
         def settled() -> bool:
@@ -280,7 +281,8 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
             requests.setdefault(e["seed"], []).append((e["started"] or e["arrived"],
                                                        e["ended"], e["rid"]))
     overlaps = [seed for seed, runs in requests.items()
-                if any(a[1] > b[0] + 1e-6 for a, b in zip(sorted(runs), sorted(runs)[1:]))]
+                if any(a[1] > b[0] + 1e-6
+                       for a, b in zip(sorted(runs), sorted(runs)[1:], strict=False))]
     assert overlaps == []
     retried = sum(v for k, v in counters.items() if k.startswith("retries:"))
     return {"episodes": groups * G, "groups": groups, "seconds": round(elapsed, 1),

@@ -31,15 +31,21 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from queue_rollout.config import Config
+from queue_rollout.engines.sglang import (
+    DuplicateRid,
+    EngineError,
+    GenerateUncertain,
+    Generation,
+    SGLangClient,
+)
+from queue_rollout.engines.sim_server import prompt_params
 from queue_rollout.errors import RedisUnavailable
-from queue_rollout.ledger import Answer, Ledger
+from queue_rollout.ledger.core import Answer, Ledger
 from queue_rollout.results import EpisodeResult, encode_result
-
-from .sglang_client import DuplicateRid, EngineError, GenerateUncertain, Generation, SGLangClient
-from .workflows import EpisodeContext, EpisodeFailed, Workflow, episode_seed
+from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow, episode_seed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,8 +155,9 @@ class AttemptRunner:
             prompt=prompt, member=member,
             seed=episode_seed(self.config.workflow.seed, group_id, member),
             sampling=self.config.workflow.sampling.params(),
-            engine_kind=self.config.engine.kind,
-            generate_call=lambda turn, ids, text, params: self._generate(live, turn, ids, text, params),
+            generate_call=lambda turn, ids, text, params: self._generate(
+                live, turn, ids, text, params),
+            engine_params=prompt_params(prompt) if self.config.engine.kind == "sim" else {},
         )
         try:
             reward = self.workflow.run(ctx)
@@ -177,7 +184,8 @@ class AttemptRunner:
         return self._report(aid, ctx, reward, outcome="finished")
 
     def _generate(self, live: _Live, turn: int, input_ids: list[int] | None,
-                  text: str | None, params: dict[str, Any]) -> tuple[Generation, list[tuple[int, int]]]:
+                  text: str | None, params: dict[str, Any]
+                  ) -> tuple[Generation, list[tuple[int, int]]]:
         """One workflow call, resumed across pause-aborts (partial rollout)."""
         base = live.aid if turn == 0 else f"{live.aid}-t{turn}"
         ids: list[int] = []
@@ -248,6 +256,7 @@ class AttemptRunner:
                 self._wake.wait(delay)
                 self._wake.clear()
                 continue
+            assert live is not None  # a delay was computed for it
             with self._lock:  # the episode cannot end (and report) mid-renewal
                 if live.done.is_set():
                     continue
@@ -290,7 +299,7 @@ class AttemptRunner:
                 delay = min(delay * 2, 10.0)
 
     def _report(self, aid: str, ctx: EpisodeContext, reward: float | None, *,
-                outcome: str, error: str = "") -> str:
+                outcome: Literal["finished", "failed"], error: str = "") -> str:
         member = ctx.member
         result = EpisodeResult(
             member=member, output_ids=ctx.output_ids, logprobs=ctx.logprobs,
@@ -298,7 +307,7 @@ class AttemptRunner:
             reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error)
         blob = encode_result(result)
         cap = self.config.limits.max_result_bytes
-        reason = "workflow"
+        reason: Literal["workflow", "oversized"] = "workflow"
         if len(blob) > cap:
             reason = "oversized"
             error = f"result of {len(blob)} bytes exceeds limits.max_result_bytes = {cap}"

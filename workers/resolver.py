@@ -1,4 +1,4 @@
-"""Resolving doubt on the replica's own node (DESIGN section 5).
+"""Resolving doubt on the replica's own node.
 
 The collector's reconciler only *marks* doubt; the replica usually listens on its
 node's loopback, so the worker bound to it settles its doubtful attempts: a changed
@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import logging
 
-from queue_rollout.ledger import Ledger
-
-from .sglang_client import EngineError, SGLangClient
+from queue_rollout.engines.sglang import EngineError, SGLangClient
+from queue_rollout.ledger.core import Ledger
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,12 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
 from queue_rollout.config import Config
-from queue_rollout.keys import EPISODE_JOB_FUNC, Keys
-from queue_rollout.ledger import Ledger
-from queue_rollout.redis_conn import connect
-
-from .episode import CURRENT_RUNNER, AttemptRunner
-from .sglang_client import SGLangClient
-from .workflows import load_workflow
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.keys import EPISODE_JOB_FUNC, Keys
+from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner
+from queue_rollout.workers.workflows import load_workflow
 
 log = logging.getLogger(__name__)
 SPEC_ENV = "QUEUE_ROLLOUT_WORKER_SPEC"
@@ -59,7 +58,7 @@ class EpisodeWorker(SimpleWorker):
 
     def _install_signal_handlers(self) -> None:
         if not self.in_thread:
-            super()._install_signal_handlers()
+            super()._install_signal_handlers()  # type: ignore[no-untyped-call]  # rq: untyped
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None,
                                      max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
@@ -111,12 +110,12 @@ class EpisodeWorker(SimpleWorker):
                     continue
                 try:
                     self.maintain_heartbeats(*running)
-                except Exception as exc:  # noqa: BLE001 - a missed beat is retried
+                except Exception as exc:
                     log.warning("rq heartbeat failed: %s", exc)
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         self.runner.request_stop()
-        super().request_stop(signum, frame)
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # rq: untyped
 
 
 def foreign_job(job: Job) -> str:
@@ -126,7 +125,7 @@ def foreign_job(job: Job) -> str:
     function it names."""
     try:
         func, args, kwargs = job.func_name, job.args, job.kwargs
-    except Exception as exc:  # noqa: BLE001 - whatever RQ's deserializer raises
+    except Exception as exc:
         return f"unreadable payload ({type(exc).__name__})"
     if func != EPISODE_JOB_FUNC:
         return f"function {func!r} is not {EPISODE_JOB_FUNC}"
@@ -168,8 +167,9 @@ def child_main() -> int:
     """Entry point of one episode process: ``python -m queue_rollout.workers.rq_worker``."""
     spec = msgspec.json.decode(os.environ[SPEC_ENV].encode(), type=WorkerSpec)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {spec.worker_id}/{spec.index} %(levelname)s %(message)s")
-    from queue_rollout.redis_conn import resolve_url
+                        format=f"%(asctime)s {spec.worker_id}/{spec.index} "
+                               "%(levelname)s %(message)s")
+    from queue_rollout.ledger.connection import resolve_url
 
     client = connect(resolve_url(spec.config), spec.config.farm.redis_ca_file)
     if spec.threads == 1:

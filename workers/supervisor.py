@@ -26,20 +26,30 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from redis import Redis
 from redis.exceptions import RedisError
 
 from queue_rollout.config import Config
+from queue_rollout.engines.sglang import PAUSE_MODES, EngineError, PauseMode, SGLangClient
 from queue_rollout.errors import ConfigError, RedisUnavailable
-from queue_rollout.keys import Keys
-from queue_rollout.ledger import Ledger
+from queue_rollout.ledger.connection import connect_config
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.keys import Keys
 from queue_rollout.procs import Supervised, stop_all
-from queue_rollout.redis_conn import connect_config
-
-from .resolver import resolve_doubt
-from .rq_worker import WorkerSpec, spec_env
-from .sglang_client import EngineError, SGLangClient
+from queue_rollout.workers.resolver import resolve_doubt
+from queue_rollout.workers.rq_worker import WorkerSpec, spec_env
 
 log = logging.getLogger(__name__)
+
+
+def pause_mode(recorded: str) -> PauseMode:
+    """The pause mode the trainer recorded; a value this release does not know pauses in
+    place (keeps the requests) rather than not at all."""
+    for mode in PAUSE_MODES:
+        if mode == recorded:
+            return mode
+    log.warning("unknown pause mode %r recorded; pausing in place", recorded)
+    return "in_place"
 
 
 @dataclass
@@ -79,7 +89,7 @@ class Supervisor:
             raise ConfigError("the replica reports no boot id (SGLang has none): pass "
                               "--boot-id, as `queue-rollout node` does for each replica start")
 
-    def register(self, redis) -> None:
+    def register(self, redis: Redis) -> None:
         record = {"host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
                   "boot": self.boot_id, "replica_up": self._replica_up,
                   "slots": self.config.engine.slots_per_replica,
@@ -144,7 +154,7 @@ class Supervisor:
             self._shutdown(redis)
         return 0
 
-    def _watch_replica(self, redis) -> bool:
+    def _watch_replica(self, redis: Redis) -> bool:
         """One look at the replica; True when it is back (after an outage or under a new
         boot id): its doubtful attempts can be settled now."""
         up = self.client.healthy(timeout=max(0.5, self.health_s))
@@ -166,14 +176,14 @@ class Supervisor:
         self.register(redis)
         return up
 
-    def _follow_controls(self, redis) -> None:
+    def _follow_controls(self, redis: Redis) -> None:
         """Pause or resume the replica as the farm's pause flag says, and apply weight
         updates; acknowledge each in ``acks`` (pause() and update_weights() wait)."""
         paused, epoch, mode = redis.hmget(self.keys.state, "paused", "pause_epoch", "pause_mode")
         if paused == b"1":
             epoch_n = int(epoch or 0)
             if self._paused_epoch != epoch_n:
-                self.client.pause((mode or b"in_place").decode())
+                self.client.pause(pause_mode((mode or b"in_place").decode()))
                 self._paused_epoch = epoch_n
                 redis.hset(self.keys.acks, f"pause:{self.worker_id}", epoch_n)
                 log.info("worker %s: replica paused (epoch %d)", self.worker_id, epoch_n)
@@ -212,12 +222,12 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stop = True
 
-    def _shutdown(self, redis) -> None:
+    def _shutdown(self, redis: Redis) -> None:
         stop_all((c.proc for c in self.children if c.proc),
                  self.config.timeouts.shutdown_grace + 30)
         try:
             redis.hdel(self.keys.workers, self.worker_id)
             redis.zrem(self.keys.workers_seen, self.worker_id)
-        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+        except Exception as exc:
             log.warning("worker %s: could not deregister: %s", self.worker_id, exc)
         print(f"worker {self.worker_id}: stopped", flush=True)

@@ -18,15 +18,15 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from queue_rollout.config import Config
+from queue_rollout.engines.sglang import Generation
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
-
-from .sglang_client import Generation
 
 
 def episode_seed(run_seed: int, prompt_id: str, member: int) -> int:
@@ -35,6 +35,12 @@ def episode_seed(run_seed: int, prompt_id: str, member: int) -> int:
     digest = hashlib.blake2b(f"{run_seed}\x00{prompt_id}\x00{member}".encode(),
                              digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+#: One model call as the worker makes it: (turn, input ids, text, sampling params) ->
+#: the generation and the policy versions of its tokens as (version, count) runs.
+GenerateCall = Callable[[int, list[int] | None, str | None, dict[str, Any]],
+                        tuple[Generation, list[tuple[int, int]]]]
 
 
 class EpisodeFailed(Exception):
@@ -47,8 +53,10 @@ class EpisodeContext:
     member: int
     seed: int
     sampling: dict[str, Any]
-    engine_kind: str
-    generate_call: Callable[..., Generation] = field(repr=False)
+    generate_call: GenerateCall = field(repr=False)
+    #: sampling params the worker's engine adds to every request (the simulated
+    #: replica's answer hints; nothing for SGLang)
+    engine_params: dict[str, Any] = field(default_factory=dict)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version_runs: list[tuple[int, int]] = field(default_factory=list)
@@ -60,7 +68,7 @@ class EpisodeContext:
                  **sampling_overrides: Any) -> Generation:
         """One model call: the episode's seed (turn-specific after the first), the
         workflow's sampling params; output recorded with its versions."""
-        params = {**self.sampling, **sampling_overrides,
+        params = {**self.sampling, **self.engine_params, **sampling_overrides,
                   "sampling_seed": self.seed if self.turns == 0 else
                   episode_seed(self.seed, "turn", self.turns)}
         gen, version_runs = self.generate_call(self.turns, input_ids, text, params)
@@ -90,7 +98,8 @@ class ControlledLength:
     def run(self, ctx: EpisodeContext) -> float | None:
         lengths = ctx.prompt.get("member_lengths")
         if not isinstance(lengths, list) or ctx.member >= len(lengths):
-            raise EpisodeFailed(f"prompt {ctx.prompt.get('id')!r} has no member_lengths[{ctx.member}]")
+            raise EpisodeFailed(
+                f"prompt {ctx.prompt.get('id')!r} has no member_lengths[{ctx.member}]")
         want = int(lengths[ctx.member])
         gen = ctx.generate(**prompt_input(ctx.prompt), max_new_tokens=want, ignore_eos=True)
         if gen.completion_tokens != want or len(ctx.output_ids) != want:
@@ -132,11 +141,7 @@ class Math:
     """Reward 1.0 when the final answer equals the prompt's ``answer``, else 0.0."""
 
     def run(self, ctx: EpisodeContext) -> float | None:
-        extra: dict[str, Any] = {}
-        if ctx.engine_kind == "sim":  # the simulated replica decides correctness by seed
-            extra["custom_params"] = {"sim_answer": str(ctx.prompt.get("answer", "")),
-                                      "sim_p_correct": float(ctx.prompt.get("p_correct", 0.5))}
-        ctx.generate(**prompt_input(ctx.prompt), **extra)
+        ctx.generate(**prompt_input(ctx.prompt))
         return 1.0 if answers_match(extract_answer("".join(ctx.texts)),
                                     ctx.prompt.get("answer")) else 0.0
 
@@ -171,4 +176,4 @@ def load_workflow(config: Config) -> Workflow:
     workflow = factory(config)
     if not callable(getattr(workflow, "run", None)):
         raise ConfigError(f"workflow.name: {name!r} returned an object without run(ctx)")
-    return workflow
+    return typing.cast(Workflow, workflow)

@@ -3,11 +3,12 @@ through plain RQ, with the same number and class of workers, side by side.
 
 Farm: prompts of G = 8 no-op episodes (the ``noop`` workflow calls no replica) go
 through admission, the outbox, RQ, the ledger's start and finish, judgement and
-batches of B = 16 groups (the reference shape), which the bench takes and acknowledges; ``workers`` episode processes
-(:class:`~queue_rollout.workers.rq_worker.EpisodeWorker`, RQ ``SimpleWorker``\\ s) run
-them. Plain RQ: a producer enqueues the same number of jobs of a function that does
-nothing (JSON serializer, as the farm's), in pipelines of 100 as the farm's outbox
-does, and ``workers`` plain ``SimpleWorker`` processes run them. Each side is timed from its first submission to its last episode
+batches of B = 16 groups (the reference shape), which the bench takes and acknowledges;
+``workers`` episode processes (:class:`~queue_rollout.workers.rq_worker.EpisodeWorker`,
+RQ ``SimpleWorker``\\ s) run them. Plain RQ: a producer enqueues the same number of
+jobs of a function that does nothing (JSON serializer, as the farm's), in pipelines of
+100 as the farm's outbox does, and ``workers`` plain ``SimpleWorker`` processes run
+them. Each side is timed from its first submission to its last episode
 done (the farm: the last batch delivered); the sides alternate (plain, farm, farm,
 plain, ...) so that background load hits both alike.
 """
@@ -29,16 +30,16 @@ from rq import Queue, SimpleWorker
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from ..client import RolloutClient
-from ..collector import Collector
-from ..config import Config
-from ..dispatch import episode_queue
-from ..errors import InvariantViolation
-from ..ledger import Ledger
-from ..procs import stop_all
-from ..redis_conn import connect
-from ..up import LocalFarm, wait_for_workers
-from .pilot import COLLECTOR_INTERVAL_S, wait_for_rq_workers
+from queue_rollout.bench.pilot import COLLECTOR_INTERVAL_S, wait_for_rq_workers
+from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.collector.loop import Collector
+from queue_rollout.config import Config
+from queue_rollout.errors import InvariantViolation
+from queue_rollout.launch.up import LocalFarm, wait_for_workers
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.outbox import episode_queue
+from queue_rollout.procs import stop_all
 
 GROUP, BATCH = 8, 16  # the reference shape: a batch is 16 groups of 8
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import redis
 
-from ..config import RolloutConfig
-from ..embedded import EmbeddedRedis
-from ..ledger import Ledger
+from queue_rollout.config import RolloutConfig
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import EmbeddedRedis
 
 GROUP = 8
 FARM = "bench"
@@ -71,7 +71,7 @@ def segment_kinds(rounds: int) -> list[str]:
 
 
 def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
-            out: mp.Queue) -> None:
+            out: mp.Queue[dict[str, int]]) -> None:
     client = redis.Redis.from_url(url)
     ledger = Ledger(client, FARM, _rollout())
     trivial = client.register_script("return 1")
@@ -148,7 +148,7 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
             setup.submit((f"p{i}", b"{}") for i in range(start, min(start + 5000, prompts)))
         client.close()
         ctx = mp.get_context("spawn")
-        out: mp.Queue = ctx.Queue()
+        out: mp.Queue[dict[str, int]] = ctx.Queue()
         t0 = time.time() + 2.0  # spawn and import before the first segment
         procs = [ctx.Process(target=_client, args=(server.url, i, t0, segment_s, rounds, out))
                  for i in range(clients)]

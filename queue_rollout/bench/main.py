@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..embedded import EmbeddedRedis
-from .pilot import ModeRun, open_bench, run_pilot, window_sweep
-from .profiles import PILOTS, Scale, Shape
+from queue_rollout.bench.pilot import ModeRun, open_bench, run_pilot, window_sweep
+from queue_rollout.bench.profiles import PILOTS, Scale, Shape
+from queue_rollout.ledger.embedded import EmbeddedRedis
 
 ALL = (*PILOTS, "control-plane", "ledger")
 
@@ -71,13 +71,13 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
                     if name == "long-tail":
                         sweeps[name] = window_sweep(bench, PILOTS[name])
                         result["ideal_window_sweep"] = sweeps[name]
-                    from .report import pilot_text
+                    from queue_rollout.bench.report import pilot_text
 
                     emit(result, pilot_text(result))
             finally:
                 bench.stop()
         if "control-plane" in profiles:
-            from .control_plane import run_control_plane_bench
+            from queue_rollout.bench.control_plane import run_control_plane_bench
 
             cp = run_control_plane_bench(redis_server.url, workers=args.cp_workers,
                                          episodes=args.cp_episodes, progress=progress)
@@ -87,7 +87,7 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
                  f"  plain RQ jobs/s   {cp.plain_rq_jobs_per_s:10.1f}\n"
                  f"  ratio             {cp.ratio:10.3f}")
     if "ledger" in profiles:
-        from .ledger import run_ledger_bench
+        from queue_rollout.bench.ledger import run_ledger_bench
 
         progress(f"ledger: {args.ledger_clients} clients, {args.ledger_seconds:g} s per kind")
         lb = run_ledger_bench(clients=args.ledger_clients, seconds=args.ledger_seconds,
@@ -99,7 +99,7 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
              f"  ratio                               {lb.ratio:12.2f}\n"
              f"  Redis time per call (us, one client): {costs}")
     if args.out is not None:
-        from .report import write_report
+        from queue_rollout.bench.report import write_report
 
         path = write_report(args.out, results, runs, sweeps, args.command)
         progress(f"report written to {path}")

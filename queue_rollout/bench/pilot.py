@@ -7,7 +7,7 @@ each logging its requests; every run (a profile in a mode) gets its own farm nam
 workers and collector on them. The trainer takes each batch, pauses the farm (barrier),
 trains for ``train_s``, acknowledges, raises the policy version and resumes; after
 ``train_batches`` batches the rest is drained: each batch acknowledged and the version
-raised without a pause, exactly as :class:`~queue_rollout.simfarm.SimFarm` (the ideal
+raised without a pause, exactly as :class:`~queue_rollout.virtual.farm.SimFarm` (the ideal
 schedule) does.
 
 Active episodes come from the replicas' own request logs (start and end of every
@@ -24,23 +24,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from rq import Queue, Worker
 
-from ..client import RolloutClient
-from ..collector import Collector
-from ..config import Config, RolloutConfig
-from ..dispatch import episode_queue
-from ..doctor import examine
-from ..errors import InvariantViolation
-from ..ledger import Ledger
-from ..procs import Supervised, stop_all
-from ..redis_conn import connect
-from ..simfarm import SimFarm, SimReport
-from ..testing import FakeClock
-from ..up import LocalFarm, start_sim_engines, wait_for_workers
-from .profiles import Profile, Scale, Shape, manifest_digest
+from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
+from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.collector.loop import Collector
+from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.errors import InvariantViolation
+from queue_rollout.launch.up import LocalFarm, start_sim_engines, wait_for_workers
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.outbox import episode_queue
+from queue_rollout.procs import Supervised, stop_all
+from queue_rollout.virtual.clock import ManualClock
+from queue_rollout.virtual.farm import SimFarm, SimReport
 
 COLLECTOR_INTERVAL_S = 0.01  # the bench's collector steps this often (`collector`: 0.2 s)
 TRAINER_POLL_S = 0.01
@@ -56,8 +57,8 @@ class ModeRun:
     pauses: list[tuple[float, float]] = field(default_factory=list)  # trainer's windows
     accepted_at_ready: list[int] = field(default_factory=list)
     delivered: dict[str, list[int]] = field(default_factory=dict)  # group -> member tokens
-    delivered_prompts: list[dict] = field(default_factory=list)  # as the trainer got them
-    requests: list[dict] = field(default_factory=list)  # the replicas' log entries
+    delivered_prompts: list[dict[str, Any]] = field(default_factory=list)  # as the trainer got them
+    requests: list[dict[str, Any]] = field(default_factory=list)  # the replicas' log entries
     counters: dict[str, int] = field(default_factory=dict)
     doctor_problems: list[str] = field(default_factory=list)
     ideal: SimReport | None = None
@@ -97,7 +98,7 @@ class ModeRun:
         timeline = self.active_timeline()
         end = self.all_work_s
         area = generating = 0.0
-        for (t0, n), (t1, _) in zip(timeline, [*timeline[1:], (end, 0)]):
+        for (t0, n), (t1, _) in zip(timeline, [*timeline[1:], (end, 0)], strict=True):
             t0, t1 = max(0.0, min(t0, end)), max(0.0, min(t1, end))
             for a, b in _minus(t0, t1, self.pauses):
                 area += n * (b - a)
@@ -178,7 +179,7 @@ class Bench:
 
     # -- one mode ----------------------------------------------------------------------
 
-    def run_mode(self, profile: Profile, mode: str, prompts: list[dict],
+    def run_mode(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
                  max_staleness: int) -> ModeRun:
         self.runs += 1
         s, train_s = self.shape, self.shape.train_s * self.scale.time
@@ -230,7 +231,8 @@ class Bench:
                 self.progress(f"{profile.name} {mode}: batch {k + 1}/{batches} ready at "
                               f"{now:.2f}s")
             run.counters = client.ledger.counters()
-            run.doctor_problems = examine(client.ledger.client, client.ledger.keys, s.batch_size).problems
+            run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
+                                          s.batch_size).problems
             run.requests = self._requests(t0, t0 + run.all_work_s + 1.0)
         finally:
             stop.set()
@@ -240,7 +242,7 @@ class Bench:
         run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}")
         return run
 
-    def _requests(self, t0: float, t1: float) -> list[dict]:
+    def _requests(self, t0: float, t1: float) -> list[dict[str, Any]]:
         """The replicas' log entries of requests that arrived in [t0, t1], times made
         relative to t0."""
         time.sleep(0.2)  # a replica writes its log on its next tick
@@ -253,11 +255,12 @@ class Bench:
                                 **{k: entry[k] - t0 for k in ("arrived", "started", "ended")}})
         return out
 
-    def ideal(self, prompts: list[dict], mode: str, max_staleness: int, farm: str) -> SimReport:
+    def ideal(self, prompts: list[dict[str, Any]], mode: str, max_staleness: int,
+              farm: str) -> SimReport:
         """The ideal schedule of the same policy: the same ledger scripts and timing
         model in virtual time, with zero control-plane overhead."""
         s, f = self.shape, self.scale.step_factor
-        clock = FakeClock()
+        clock = ManualClock()
         rollout = msgspec.convert(self.rollout(mode, max_staleness), RolloutConfig)
         ledger = Ledger(connect(self.redis_url), farm, rollout, clock=clock)
         return SimFarm(
@@ -269,7 +272,7 @@ class Bench:
         ).run()
 
 
-def audit(prompts: list[dict], runs: list[ModeRun], group_size: int) -> list[str]:
+def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], group_size: int) -> list[str]:
     """Every problem found; empty when the runs are sound."""
     problems: list[str] = []
     want = {p["id"]: p["member_lengths"] for p in prompts}

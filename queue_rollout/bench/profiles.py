@@ -1,4 +1,4 @@
-"""The pilot profiles of DESIGN section 8, the reference shape, and the scale they run at.
+"""The pilot profiles, the reference shape, and the scale they run at.
 
 Every profile is a prompt manifest: per prompt, the G members' output lengths in
 tokens (``member_lengths``, which the ``controlled_length`` workflow produces exactly).
@@ -21,8 +21,9 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from ..simfarm import long_tail_lengths
+from queue_rollout.virtual.farm import long_tail_lengths
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Profile:
     summary: str
     lengths: Callable[[int, int], dict[str, list[int]]]  # (prompts, G) -> reference lengths
 
-    def manifest(self, shape: Shape, scale: Scale) -> list[dict]:
+    def manifest(self, shape: Shape, scale: Scale) -> list[dict[str, Any]]:
         """The prompts, with member lengths scaled to *scale*."""
         return [{"id": pid, "prompt": f"{self.name} prompt {pid}",
                  "member_lengths": [scale.length(n) for n in lengths]}
@@ -120,7 +121,7 @@ PILOTS: dict[str, Profile] = {p.name: p for p in (
 )}
 
 
-def manifest_digest(prompts: list[dict]) -> str:
+def manifest_digest(prompts: list[dict[str, Any]]) -> str:
     """A digest of a manifest, independent of order: what both modes must share."""
     lines = sorted(json.dumps(p, sort_keys=True) for p in prompts)
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()

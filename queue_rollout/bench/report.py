@@ -11,8 +11,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .pilot import ModeRun
+from queue_rollout.bench.pilot import ModeRun
+from queue_rollout.errors import ConfigError
 
 ROWS = (  # (label, key, format)
     ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", ".2f"),
@@ -144,7 +144,7 @@ def _plot_pilot(plt: Any, out: Path, name: str, runs: dict[str, ModeRun],
     fig, ax = plt.subplots(figsize=(9, 4))
     for mode, run in runs.items():
         timeline = run.active_timeline()
-        xs, ys = zip(*timeline)
+        xs, ys = zip(*timeline, strict=True)
         ax.step(xs, ys, where="post", color=colors[mode], label=labels[mode], linewidth=1)
         for a, b in run.pauses:
             ax.axvspan(a, b, color=colors[mode], alpha=0.08)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..embedded import free_port
+from queue_rollout.ledger.embedded import free_port
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -33,7 +33,7 @@ class SimReplicaResult:
 
 
 def run_sim_replica_bench(*, requests: int = 128, seconds: float = 10.0) -> SimReplicaResult:
-    from ..workers.sglang_client import EngineError, SGLangClient
+    from queue_rollout.engines.sglang import EngineError, SGLangClient
 
     exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
     port = free_port()
@@ -41,6 +41,7 @@ def run_sim_replica_bench(*, requests: int = 128, seconds: float = 10.0) -> SimR
                              "--step-ms", "4.5", "--step-ms-per-request", "0.2"],
                             stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout is not None
         proc.stdout.readline()
         client = SGLangClient(f"http://127.0.0.1:{port}", timeout=30)
         params = {"max_new_tokens": 1_000_000, "ignore_eos": True}

@@ -22,12 +22,12 @@ import msgspec
 import pytest
 
 from queue_rollout import RolloutClient
+from queue_rollout.collector.metrics import FarmMetrics
 from queue_rollout.config import Config
-from queue_rollout.embedded import free_port
+from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BarrierTimeout
-from queue_rollout.ledger import Ledger
-from queue_rollout.metrics import FarmMetrics
-from queue_rollout.workers.sim_engine import ThreadedSimEngine
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import free_port
 
 GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
@@ -263,7 +263,7 @@ class Trainer(threading.Thread):
                 self.batches += 1
                 if self.batches % 3 == 0:
                     self.client.set_version(self.client.version() + 1)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
+        except Exception as exc:
             self.error = exc
 
 

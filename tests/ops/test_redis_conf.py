@@ -32,19 +32,19 @@ import pytest
 import redis
 
 from queue_rollout import RolloutClient
-from queue_rollout.collector import Collector
+from queue_rollout.collector.loop import Collector
+from queue_rollout.collector.metrics import LedgerCollector
 from queue_rollout.config import RolloutConfig, load_config
-from queue_rollout.doctor import examine
-from queue_rollout.embedded import free_port
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import LedgerError, RedisUnavailable
-from queue_rollout.keys import Keys
-from queue_rollout.ledger import Ledger
-from queue_rollout.metrics import LedgerCollector
-from queue_rollout.redis_conn import connect
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.embedded import free_port
+from queue_rollout.ledger.keys import Keys
 from queue_rollout.results import EpisodeResult, encode_result
-from queue_rollout.workers.sglang_client import SGLangClient
-from queue_rollout.workers.sim_engine import ThreadedSimEngine
-from queue_rollout.testing import wait_for
+from testkit import wait_for
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
@@ -180,14 +180,15 @@ def snapshot(client: redis.Redis) -> dict[str, object]:
     out: dict[str, object] = {}
     for key in sorted(client.scan_iter(match="*", count=1000)):
         kind = client.type(key).decode()
-        out[key.decode()] = (kind, {
-            "string": lambda: client.get(key),
-            "hash": lambda: client.hgetall(key),
-            "list": lambda: client.lrange(key, 0, -1),
-            "set": lambda: sorted(client.smembers(key)),
-            "zset": lambda: client.zrange(key, 0, -1, withscores=True),
-            "stream": lambda: client.xrange(key),
-        }[kind]())
+        read = {
+            "string": client.get,
+            "hash": client.hgetall,
+            "list": lambda k: client.lrange(k, 0, -1),
+            "set": lambda k: sorted(client.smembers(k)),
+            "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+            "stream": client.xrange,
+        }[kind]
+        out[key.decode()] = (kind, read(key))
     return out
 
 

@@ -90,7 +90,8 @@ def test_max_concurrent_samples_rejects_bad_values_naming_the_key(value):
 
 
 def test_max_concurrent_samples_auto_and_int():
-    assert decode_config('[rollout]\nmax_concurrent_samples = "auto"\n').rollout.capacity_slots(40) == 40
+    auto = decode_config('[rollout]\nmax_concurrent_samples = "auto"\n')
+    assert auto.rollout.capacity_slots(40) == 40
     assert decode_config("[rollout]\nmax_concurrent_samples = 48\n").rollout.capacity_slots() == 48
     with pytest.raises(ConfigError, match="auto"):
         decode_config('[rollout]\nmax_concurrent_samples = "auto"\n').rollout.capacity_slots()

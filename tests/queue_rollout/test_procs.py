@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 
 from queue_rollout.procs import HEALTHY_S, Supervised
-from queue_rollout.testing import FakeClock
+from queue_rollout.virtual.clock import ManualClock
 
 
 def test_backoff_doubles_in_a_crash_loop_and_starts_over_after_a_healthy_run():
-    clock = FakeClock(start=100.0)
+    clock = ManualClock(start=100.0)
     child = Supervised("quick exit", [sys.executable, "-c", "pass"], clock=clock)
     child.keep()  # first start
     delays = []

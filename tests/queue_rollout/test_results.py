@@ -92,7 +92,7 @@ def test_result_fuzz_mutated_results_decode_checked_or_are_refused(result, steps
 @example(SMALL, len(SMALL) - 1)  # a good result one byte over the cap
 def test_result_fuzz_arbitrary_bytes(raw, cap):
     if decode_or_refuse(raw, cap) is None and len(raw) > cap:
-        with pytest.raises(BadInput, match="^result of .* exceeds limits.max_result_bytes"):
+        with pytest.raises(BadInput, match=r"^result of .* exceeds limits\.max_result_bytes"):
             decode_result(raw, cap)
 
 

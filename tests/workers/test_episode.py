@@ -10,11 +10,11 @@ import msgspec
 import pytest
 
 from queue_rollout.config import Config
-from queue_rollout.ledger import Ledger
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.ledger.core import Ledger
 from queue_rollout.results import decode_result
 from queue_rollout.workers.episode import AttemptRunner
-from queue_rollout.workers.sglang_client import SGLangClient
-from queue_rollout.workers.sim_engine import ThreadedSimEngine
 from queue_rollout.workers.workflows import episode_seed, extract_answer, load_workflow
 
 
@@ -269,7 +269,7 @@ def test_a_plugin_workflow_may_call_generate_several_times(r, fast, tmp_path, mo
 def test_an_unknown_workflow_is_a_config_error():
     from queue_rollout.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="workflow.name"):
+    with pytest.raises(ConfigError, match=r"workflow\.name"):
         load_workflow(make_config(workflow={"name": "nope"}))
     with pytest.raises(ConfigError, match="cannot load"):
         load_workflow(make_config(workflow={"name": "no_such_module_xyz:factory"}))

@@ -15,17 +15,17 @@ from pathlib import Path
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
+from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.config import load_config
-from queue_rollout.dispatch import episode_queue, flush_outbox
-from queue_rollout.doctor import examine
-from queue_rollout.keys import EVENTS_GROUP
-from queue_rollout.ledger import Ledger
-from queue_rollout.reconciler import Reconciler
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.keys import EVENTS_GROUP
+from queue_rollout.ledger.outbox import episode_queue, flush_outbox
 from queue_rollout.results import decode_result
-from queue_rollout.workers.sglang_client import SGLangClient
-from queue_rollout.workers.sim_engine import ThreadedSimEngine
 from queue_rollout.workers.workflows import episode_seed
-from queue_rollout.testing import wait_for
+from testkit import wait_for
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
@@ -61,7 +61,8 @@ class Farm:
             assert p.wait(60) == 0
 
 
-def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(r, redis_url, tmp_path):
+def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(
+        r, redis_url, tmp_path):
     toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=4, slots=2, lease=10)
     with ExitStack() as stack:
         farm = Farm(stack, toml, replicas=2, step_ms=0.2)
@@ -93,7 +94,8 @@ def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(r
         delivered.append(gid)
     assert sorted(delivered) == sorted(lengths)  # each group delivered once
     c = ledger.counters()
-    assert (c["finished"], c.get("failed", 0), c["reserved"], c.get("doubtful", 0)) == (128, 0, 0, 0)
+    assert (c["finished"], c.get("failed", 0), c["reserved"], c.get("doubtful", 0)) == (
+        128, 0, 0, 0)
     assert (c["consumed"], c.get("ignored", 0)) == (32, 0)  # no result was recorded twice
     assert c["output_tokens"] == sum(map(sum, lengths.values()))
     assert examine(r, ledger.keys, ledger.rollout.batch_size).ok
@@ -116,7 +118,8 @@ def test_a_long_episode_is_never_taken_for_abandoned_while_its_worker_lives(r, r
     assert job.is_finished  # not failed, not abandoned by RQ
 
 
-def test_sigkill_mid_episode_doubt_keeps_the_slot_until_the_stop_is_confirmed(r, redis_url, tmp_path):
+def test_sigkill_mid_episode_doubt_keeps_the_slot_until_the_stop_is_confirmed(
+        r, redis_url, tmp_path):
     toml = write_toml(tmp_path / "farm.toml", redis_url, group_size=1, slots=1, lease=2)
     with ExitStack() as stack:
         farm = Farm(stack, toml, replicas=1, step_ms=2.0)
@@ -154,6 +157,7 @@ def test_sigkill_mid_episode_doubt_keeps_the_slot_until_the_stop_is_confirmed(r,
     with ThreadedSimEngine(slots=1, step_ms=0.05) as fresh:
         expected = SGLangClient(fresh.url).generate(
             "ref", text="x", timeout=10, sampling_params={
-                "max_new_tokens": 2000, "ignore_eos": True, "sampling_seed": episode_seed(0, "k", 0)})
+                "max_new_tokens": 2000, "ignore_eos": True,
+                "sampling_seed": episode_seed(0, "k", 0)})
     assert result.output_ids == expected.output_ids  # same seed, same tokens
     assert ledger.counters()["retries:lease_expired"] == 1

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 
 from queue_rollout import RolloutClient
-from queue_rollout.doctor import examine
-from queue_rollout.embedded import find_redis_server, free_port
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.embedded import find_redis_server, free_port
+from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe, stop_all
-from queue_rollout.records import decode_attempt
-from queue_rollout.testing import wait_for
+from testkit import wait_for
 
-SUBNET = "10.77.{}".format(os.getpid() % 200 + 20)  # 10.77.N.0/24, N per test process
+SUBNET = f"10.77.{os.getpid() % 200 + 20}"  # 10.77.N.0/24, N per test process
 TAG = f"q{os.getpid() % 10000}"  # interface names stay under 15 characters
 HOSTS = {"redis": 2, "a": 3, "b": 4}
 
@@ -96,7 +96,8 @@ def test_a_cut_off_worker_host_keeps_its_slots_and_its_late_results_count_once(t
             for gpu, host in enumerate(("a", "b")):
                 engine = in_ns(ns[host], [cli_exe(), "sim-engine", "--port", "30000", "--slots",
                                           "4", "--step-ms", "1", "--step-ms-per-request", "0",
-                                          "--request-log", str(tmp_path / f"requests-{host}.jsonl")],
+                                          "--request-log",
+                                          str(tmp_path / f"requests-{host}.jsonl")],
                                tmp_path / f"engine-{host}.log", stdout=subprocess.PIPE, text=True)
                 procs.append(engine)
                 assert re.search(r"http://127.0.0.1:30000", engine.stdout.readline())

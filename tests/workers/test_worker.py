@@ -16,15 +16,13 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.config import load_config
-from queue_rollout.dispatch import flush_outbox
-from queue_rollout.ledger import Ledger
-from queue_rollout.status import farm_status
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.outbox import flush_outbox
+from queue_rollout.ledger.status import farm_status
 from queue_rollout.workers.resolver import resolve_doubt
-from queue_rollout.workers.sglang_client import SGLangClient
-from queue_rollout.workers.sim_engine import ThreadedSimEngine
-from queue_rollout.testing import wait_for
-
-
+from testkit import wait_for
 
 
 @pytest.fixture
@@ -37,8 +35,9 @@ def engine():
 def farm_toml(tmp_path, redis_url) -> Path:
     path = tmp_path / "farm.toml"
     path.write_text(f'[farm]\nname = "w"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 10\n"
-                    "[engine]\nslots_per_replica = 2\n[timeouts]\nshutdown_grace = 2\nlease = 3\npause_barrier = 2\n")
+                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8\n"
+                    "max_staleness = 10\n[engine]\nslots_per_replica = 2\n"
+                    "[timeouts]\nshutdown_grace = 2\nlease = 3\npause_barrier = 2\n")
     return path
 
 
@@ -117,7 +116,7 @@ def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine,
     ledger.submit([("p", b'{"id": "p", "prompt": "x", "member_lengths": [5, 5]}'),
                    ("q", b'{"id": "q", "prompt": "x", "member_lengths": [5, 5]}')])
     a, b = ledger.admit().attempt_ids
-    c_, d_ = ledger.admit().attempt_ids
+    c_, _ = ledger.admit().attempt_ids
     client = SGLangClient(engine.url)
     ledger.start(a, "w", engine.url, "old-boot", 30)
     ledger.start(b, "w", engine.url, "boot-now", 30)
@@ -137,7 +136,7 @@ def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine,
 
 
 def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, farm_toml):
-    from queue_rollout.client import RolloutClient
+    from queue_rollout.client.rollout import RolloutClient
     from queue_rollout.errors import BarrierTimeout
 
     client = RolloutClient.from_config(farm_toml)
@@ -170,7 +169,7 @@ def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at
     spins through the queue, every job retried as generate_error, until max_attempts
     fails the episodes). Back under a new boot: new episode processes, the old boot's
     attempts retried as replica_restart, every episode finished."""
-    from queue_rollout.embedded import free_port
+    from queue_rollout.ledger.embedded import free_port
     from queue_rollout.procs import cli_exe
 
     port = free_port()
@@ -220,7 +219,7 @@ def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm
     from rq import Queue
     from rq.job import Callback
 
-    from queue_rollout.keys import EPISODE_JOB_FUNC
+    from queue_rollout.ledger.keys import EPISODE_JOB_FUNC
 
     config = load_config(farm_toml)
     ledger = Ledger.from_config(r, config)

@@ -4,8 +4,8 @@ plain RQ, the same workers on both sides. (Its 0.8 target is a benchmark, not a 
 from __future__ import annotations
 
 from queue_rollout.bench.control_plane import run_control_plane_bench, run_farm, run_plain
-from queue_rollout.keys import Keys
-from queue_rollout.redis_conn import connect
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.keys import Keys
 
 
 def test_both_sides_run_every_episode_and_the_ratio_is_their_rates(redis_server, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from queue_rollout.cli import main
+from queue_rollout.cli.main import main
 
 
 def test_ledger_bench_json_shape(capsys):

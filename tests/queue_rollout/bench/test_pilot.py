@@ -42,7 +42,8 @@ def test_scale_shrinks_lengths_and_keeps_episode_time_proportional():
     assert scale.length(16384) == 2048 and scale.length(1) == 1
     # an episode's duration = tokens x step: both scaled, the product by `time`
     assert scale.length(1024) * scale.step_factor == pytest.approx(1024 * 0.1)
-    assert manifest_digest([{"id": "a"}, {"id": "b"}]) == manifest_digest([{"id": "b"}, {"id": "a"}])
+    ab, ba = [{"id": "a"}, {"id": "b"}], [{"id": "b"}, {"id": "a"}]
+    assert manifest_digest(ab) == manifest_digest(ba)
 
 
 # -- measures ---------------------------------------------------------------------------

@@ -1,0 +1,365 @@
+"""The ``queue-rollout`` command line.
+
+Exit codes: 0 ok; 1 an invariant violation; 2 bad input or config; 3 a timeout;
+4 Redis unreachable. Every error the package raises maps to one of them here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from queue_rollout import __version__
+from queue_rollout.config import Config, load_config
+from queue_rollout.errors import QueueRolloutError
+
+log = logging.getLogger("queue_rollout")
+
+
+def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.ledger.connection import connect_config
+    from queue_rollout.ledger.doctor import examine, repair
+    from queue_rollout.ledger.keys import Keys
+
+    client = connect_config(config)
+    keys = Keys(config.farm.name)
+    b = config.rollout.batch_size
+    report = repair(client, keys, b) if args.repair else examine(client, keys, b)
+    for problem in report.problems:
+        print(f"doctor: {problem}")
+    if args.repair:
+        if report.problems:
+            print(f"doctor: repaired {len(report.problems)} problem(s) from the ledger's records")
+        else:
+            print("doctor: ok, nothing to repair")
+        return 0
+    if report.problems:
+        print(f"doctor: {len(report.problems)} problem(s); `queue-rollout doctor --repair` "
+              "rewrites the counters from the records")
+        return 1
+    print(f"doctor: ok ({report.expected['reserved']} slots reserved, "
+          f"{report.expected['in_flight']} groups in flight)")
+    return 0
+
+
+def _cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.ledger.connection import connect_config, mask_url, resolve_url
+    from queue_rollout.ledger.status import farm_status, format_status
+
+    client = connect_config(config)
+    status = farm_status(client, config, redis_url=mask_url(resolve_url(config)))
+    print(json.dumps(status) if args.json else format_status(status))
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
+    if args.profile == "sim-replica":
+        from queue_rollout.bench.sim_replica import run_sim_replica_bench
+
+        sim = run_sim_replica_bench(requests=args.requests, seconds=args.seconds)
+        print(json.dumps(sim.as_json()) if args.json else
+              f"sim replica: {sim.concurrent_requests} running requests, "
+              f"{sim.cpu_fraction:.1%} of one core over {sim.seconds:g} s")
+        return 0
+    import shlex
+    from pathlib import Path
+
+    from queue_rollout.bench.main import BenchArgs, run_bench
+
+    return run_bench(BenchArgs(
+        profile=args.profile, json=args.json, out=Path(args.out) if args.out else None,
+        max_staleness=args.max_staleness, time_scale=args.time_scale,
+        token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
+        ledger_clients=args.clients, ledger_seconds=args.seconds, ledger_rounds=args.rounds,
+        command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
+
+
+def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
+    if args.virtual:
+        from queue_rollout.cli.demo_virtual import run_demo
+
+        return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
+    from queue_rollout.cli.demo import run_stack_demo
+
+    return run_stack_demo(config, out=sys.stdout)
+
+
+def _cmd_up(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.launch.up import run_up
+
+    return run_up(config)
+
+
+def _cmd_collector(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.collector.loop import run_collector
+
+    return run_collector(config)
+
+
+def _cmd_consume(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.client.rollout import RolloutClient
+
+    client = RolloutClient.from_config(config, consumer=args.consumer)
+    for k in range(1, args.batches + 1):
+        batch = client.get_batch(timeout=args.timeout)
+        groups: list[dict[str, Any]] = [{"id": g.id, "members": [
+            {"member": m.member, "output_tokens": len(m.output_ids), "reward": m.reward,
+             "finish_reason": m.finish_reason, "versions": sorted(set(m.versions))}
+            for m in g.members]} for g in batch.groups]
+        client.ack(batch)
+        if not args.no_version_bump:
+            client.set_version(client.version() + 1)
+        if args.json:
+            print(json.dumps({"batch": k, "version": batch.version, "groups": groups}), flush=True)
+        else:
+            print(f"batch {k}: {len(groups)} groups at version {batch.version}: "
+                  f"{', '.join(g['id'] for g in groups)}", flush=True)
+    return 0
+
+
+def _cmd_pause(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.client.rollout import RolloutClient
+
+    RolloutClient.from_config(config).pause()
+    print(f"farm {config.farm.name} paused ({config.engine.pause_mode}); "
+          "every live worker confirmed")
+    return 0
+
+
+def _cmd_resume(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.client.rollout import RolloutClient
+
+    RolloutClient.from_config(config).resume()
+    print(f"farm {config.farm.name} resumed")
+    return 0
+
+
+def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.errors import BadInput
+    from queue_rollout.ledger.connection import connect_config
+    from queue_rollout.ledger.core import Ledger
+
+    if args.version < 0:
+        raise BadInput(f"set-version: N must be >= 0, got {args.version}")
+    previous = Ledger.from_config(connect_config(config), config).set_version(args.version)
+    print(f"policy version {previous} -> {args.version}")
+    return 0
+
+
+def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.client.prompts import known_ids_refusal, read_numbered
+    from queue_rollout.errors import BadInput
+    from queue_rollout.ledger.connection import connect_config
+    from queue_rollout.ledger.core import Ledger
+
+    # The whole file is validated before Redis is touched; the submit script then
+    # checks every id against the farm before it writes anything.
+    prompts = read_numbered(args.file, group_size=config.rollout.group_size,
+                            max_bytes=config.limits.max_prompt_bytes)
+    ledger = Ledger.from_config(connect_config(config), config)
+    answer = ledger.submit((pid, raw) for _, pid, raw in prompts)
+    if answer.status == "duplicate":
+        places = {pid: f"line {number}" for number, pid, _ in prompts}
+        raise BadInput(f"{args.file}: {known_ids_refusal(answer.detail, places)}")
+    print(f"submitted {answer.detail} prompts to farm {config.farm.name}")
+    return 0
+
+
+def _cmd_worker(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.workers.supervisor import Supervisor
+
+    return Supervisor(config, gpu=args.gpu, engine_url=args.engine_url,
+                      boot_id=args.boot_id or "").run()
+
+
+def _cmd_node(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.launch.node import parse_gpus, run_node
+
+    return run_node(config, parse_gpus(args.gpus))
+
+
+def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from queue_rollout.engines.sim_server import run_sim_engine
+
+    e = config.engine
+    run_sim_engine(
+        host=args.host, port=args.port, slots=args.slots or e.slots_per_replica,
+        step_ms=e.step_ms if args.step_ms is None else args.step_ms,
+        step_ms_per_request=(e.step_ms_per_request if args.step_ms_per_request is None
+                             else args.step_ms_per_request),
+        request_log=Path(args.request_log) if args.request_log else None,
+        boot_id=args.boot_id,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", metavar="FARM.toml",
+                        help="farm config (TOML); without it, the built-in defaults")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    parser = argparse.ArgumentParser(
+        prog="queue-rollout", parents=[common],
+        description="Sample-level refill for LLM RL rollouts across a GPU farm: a Redis "
+                    "ledger, RQ workers, SGLang replicas.",
+        epilog="Exit codes: 0 ok; 1 an invariant violation; 2 bad input or config; "
+               "3 a timeout; 4 Redis unreachable.")
+    parser.add_argument("--version", action="version", version=f"queue-rollout {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[Config, argparse.Namespace], int],
+            help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("demo", _cmd_demo,
+            "zero-config demo: both admission modes on a long-tail prompt set through the "
+            "real stack (embedded Redis, simulated replicas, workers, collector, trainer)")
+    p.add_argument("--virtual", action="store_true",
+                   help="instead: the reference shape (128 slots, 128 groups) in virtual "
+                        "time, the real ledger deciding")
+    p.add_argument("--prompts", type=int, default=128, help="--virtual: prompt groups (128)")
+    p.add_argument("--batches", type=int, default=6,
+                   help="--virtual: batches trained on before the drain (default 6)")
+
+    add("up", _cmd_up, "a whole local farm in the foreground (embedded Redis, sim replicas, "
+        "workers, collector) until Ctrl-C")
+
+    add("collector", _cmd_collector,
+        "the collector: admission, outbox, group judgement, reconciler (leader-elected)")
+
+    p = add("submit", _cmd_submit,
+            "validate and enqueue prompts (JSON Lines); bad input: exit 2, nothing enqueued")
+    p.add_argument("file", metavar="FILE.jsonl")
+
+    p = add("consume", _cmd_consume,
+            "take N batches as a trainer would: wait, ack, raise the policy version")
+    p.add_argument("--batches", type=int, required=True, help="how many batches")
+    p.add_argument("--json", action="store_true", help="one JSON object per batch")
+    p.add_argument("--consumer", default="trainer-0", help="consumer id (default trainer-0)")
+    p.add_argument("--no-version-bump", action="store_true",
+                   help="do not raise the policy version after each batch")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds to wait for each batch (default 3600; then exit 3)")
+
+    add("pause", _cmd_pause,
+        "stop admission; return once every live worker has paused its replica (exit 3: timeout)")
+    add("resume", _cmd_resume, "undo pause")
+
+    p = add("set-version", _cmd_set_version, "set the policy version")
+    p.add_argument("version", type=int, metavar="N")
+
+    p = add("status", _cmd_status, "farm state")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+    p = add("doctor", _cmd_doctor,
+            "check the ledger's counters against its records; exit 1 on a violation")
+    p.add_argument("--repair", action="store_true",
+                   help="rewrite the counters from the records (pause admission first)")
+
+    p = add("worker", _cmd_worker,
+            "one GPU's worker: engine.slots_per_replica episode workers on its replica")
+    p.add_argument("--gpu", type=int, required=True, help="GPU index (names the worker)")
+    p.add_argument("--engine-url", required=True, help="the replica, e.g. http://127.0.0.1:30000")
+    p.add_argument("--boot-id", help="the replica start's boot id (SGLang has none of its own)")
+
+    p = add("node", _cmd_node,
+            "one replica (SGLang or sim) and one worker per GPU of this host")
+    p.add_argument("--gpus", required=True, metavar="LIST",
+                   help="GPU indices: 0-7, 0,2,5 or 0-3,6; replica i listens on "
+                        "engine.base_port + i")
+
+    p = add("sim-engine", _cmd_sim_engine,
+            "one simulated replica speaking SGLang's HTTP API (engine.* sets its timing)")
+    p.add_argument("--port", type=int, required=True, help="port to listen on (0: any free)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--slots", type=int, help="max running requests (engine.slots_per_replica)")
+    p.add_argument("--step-ms", type=float, help="decode step with one request (engine.step_ms)")
+    p.add_argument("--step-ms-per-request", type=float,
+                   help="added per running request (engine.step_ms_per_request)")
+    p.add_argument("--request-log", metavar="FILE", help="append one JSON line per request")
+    p.add_argument("--boot-id", help="the boot id to report (default: a new one)")
+
+    p = add("bench", _cmd_bench,
+            "benchmarks: the pilots through the real stack, the control plane, the ledger")
+    p.add_argument("--profile", default="all",
+                   choices=["long-tail", "equal", "group-between", "mixed-tail",
+                            "control-plane", "ledger", "all", "sim-replica"],
+                   help="pilots (long-tail, equal, group-between, mixed-tail): both "
+                        "admission modes through the real stack; control-plane: no-op "
+                        "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
+                        "floor; all: every one of these (default); sim-replica: CPU of "
+                        "one simulated replica holding --requests")
+    p.add_argument("--json", action="store_true", help="one JSON object per profile")
+    p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
+                   "(needs matplotlib: queue-rollout[bench])")
+    p.add_argument("--max-staleness", type=_non_negative, default=2,
+                   help="pilots: the staleness window (default 2: a 3-batch window)")
+    p.add_argument("--time-scale", type=_fraction, default=0.1,
+                   help="pilots: measured seconds per reference second (default 0.1)")
+    p.add_argument("--token-scale", type=_fraction, default=0.125,
+                   help="pilots: tokens generated per reference token (default 0.125)")
+    p.add_argument("--workers", type=_positive, default=8,
+                   help="control-plane: worker processes on each side (default 8)")
+    p.add_argument("--episodes", type=_positive, default=8000,
+                   help="control-plane: episodes per side, over 2 rounds (default 8000)")
+    p.add_argument("--clients", type=_positive, default=8,
+                   help="ledger: concurrent clients (default 8)")
+    p.add_argument("--seconds", type=float, default=6.0,
+                   help="ledger: seconds per kind, summed over rounds (default 6); "
+                        "sim-replica: seconds measured")
+    p.add_argument("--rounds", type=_positive, default=3,
+                   help="ledger: alternating segments of each kind (default 3)")
+    p.add_argument("--requests", type=_positive, default=128,
+                   help="sim-replica: concurrent requests (default 128)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+    )
+    try:
+        config = load_config(args.config)
+        handler: Callable[[Config, argparse.Namespace], int] = args.handler
+        return handler(config, args)
+    except QueueRolloutError as exc:
+        print(f"queue-rollout: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The trainer's side: ``from queue_rollout import RolloutClient``.
+
+    client = RolloutClient.from_config("farm.toml", consumer="trainer-0")
+    client.submit(prompts)
+    batch = client.get_batch(timeout=600)   # exactly B whole groups
+    ...train on batch.groups...
+    client.ack(batch)
+    client.set_version(client.version() + 1)
+
+A trainer that restarts with the same consumer id gets its unacknowledged batch again.
+Results are deleted from Redis once their batch is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from queue_rollout.client.prompts import check_prompt, known_ids_refusal
+from queue_rollout.config import Config, load_config
+from queue_rollout.errors import BadInput, BarrierTimeout, RedisUnavailable
+from queue_rollout.ledger.connection import (
+    client_url,
+    connect_config,
+    mask_url,
+    resolve_url,
+    translate_errors,
+)
+from queue_rollout.ledger.core import Delivery, Ledger
+from queue_rollout.ledger.status import farm_status
+from queue_rollout.results import decode_result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Member:
+    member: int
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]  # the policy version of each output token
+    reward: float | None
+    finish_reason: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    id: str
+    prompt: dict[str, Any]
+    members: list[Member]
+
+
+@dataclass(frozen=True)
+class Batch:
+    id: str
+    version: int  # the policy version when the batch was delivered
+    groups: list[Group]
+    redelivered: bool = False
+
+    def stale_token_mask(self, current_version: int, max_staleness: int) -> list[list[list[bool]]]:
+        """Per group, member and token: False where ``current_version - token_version >
+        max_staleness`` (the token is masked out of the loss), else True."""
+        return [[[current_version - v <= max_staleness for v in m.versions] for m in g.members]
+                for g in self.groups]
+
+
+class RolloutClient:
+    def __init__(self, ledger: Ledger, config: Config, consumer: str = "trainer-0") -> None:
+        self.ledger = ledger
+        self.config = config
+        self.consumer = consumer
+
+    @classmethod
+    def from_config(cls, path_or_config: str | Path | Config | None = None,
+                    consumer: str = "trainer-0") -> RolloutClient:
+        config = (path_or_config if isinstance(path_or_config, Config)
+                  else load_config(path_or_config))
+        return cls(Ledger.from_config(connect_config(config), config), config, consumer)
+
+    def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
+        """Validate and enqueue prompts, all or none; returns how many."""
+        checked = []
+        seen: dict[str, str] = {}  # id -> where it was given
+        for i, prompt in enumerate(prompts):
+            where = f"prompt #{i}"
+            pid, raw = check_prompt(prompt, group_size=self.config.rollout.group_size,
+                                    max_bytes=self.config.limits.max_prompt_bytes, where=where)
+            if pid in seen:
+                raise BadInput(f"{where}: duplicate id {pid!r} (first as {seen[pid]})")
+            seen[pid] = where
+            checked.append((pid, raw))
+        answer = self.ledger.submit(checked)  # one script: checks every id, then writes
+        if answer.status == "duplicate":
+            raise BadInput(known_ids_refusal(answer.detail, seen))
+        return int(answer.detail)
+
+    def get_batch(self, timeout: float | None = None, max_poll_s: float = 0.5) -> Batch:
+        """Wait for exactly B complete, accepted groups (or this consumer's unacknowledged
+        batch); raises BarrierTimeout after *timeout* seconds. The ledger is polled at
+        intervals growing from 20 ms to *max_poll_s*; while Redis is unreachable it is
+        polled on (a restarted Redis is found again), until the timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = min(0.02, max_poll_s)
+        while (delivery := self._pop_batch()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise BarrierTimeout(f"no batch of {self.config.rollout.batch_size} groups "
+                                     f"within {timeout:g}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, max_poll_s)
+        return Batch(delivery.batch.id, delivery.batch.version,
+                     [self._group(gid) for gid in delivery.batch.groups], delivery.redelivered)
+
+    def _pop_batch(self) -> Delivery | None:
+        try:
+            return self.ledger.pop_batch(self.consumer)
+        except RedisUnavailable as exc:
+            log.warning("get_batch: %s; retrying", exc)
+            return None
+
+    def _group(self, group_id: str) -> Group:
+        record, prompt, raws = self.ledger.group_with_results(group_id)
+        assert record is not None
+        cap = self.config.limits.max_result_bytes
+        members = []
+        for m, raw in enumerate(raws):
+            if raw is None:  # failed after max_attempts: no output
+                members.append(Member(m, [], [], [], None, "failed", "no result"))
+                continue
+            try:
+                r = decode_result(raw, cap)
+            except BadInput as exc:  # accepted under max_failed_members: a failed member
+                members.append(Member(m, [], [], [], None, "failed", str(exc)))
+                continue
+            members.append(Member(m, r.output_ids, r.logprobs, r.versions(), r.reward,
+                                  r.finish_reason, r.error))
+        return Group(group_id, json.loads(prompt) if prompt else {}, members)
+
+    def ack(self, batch: Batch) -> None:
+        """The batch was trained on: its groups are consumed and their results deleted."""
+        answer = self.ledger.ack(self.consumer, batch.id)
+        if answer.ignored:
+            raise BadInput(f"ack of batch {batch.id} refused: {answer.detail}")
+
+    # -- trainer controls ------------------------------------------------------------
+
+    def _acks(self, prefix: str) -> dict[str, bytes | None]:
+        """Each live worker's acknowledgement ``prefix:<worker>`` (None: none yet)."""
+        from queue_rollout.ledger.status import live_workers
+
+        client, keys = self.ledger.client, self.ledger.keys
+        with translate_errors(client_url(client)):
+            workers = sorted(live_workers(client, keys, now=time.time(),
+                                          stale_after=3 * self.config.timeouts.lease))
+            answers = client.hmget(keys.acks, [f"{prefix}:{w}" for w in workers]) if workers else []
+        return dict(zip(workers, answers, strict=True))
+
+    def _await_acks(self, what: str, prefix: str, done: Callable[[bytes | None], bool]) -> None:
+        deadline = time.monotonic() + self.config.timeouts.pause_barrier
+        while True:
+            answers = self._acks(prefix)
+            workers = list(answers)
+            missing = [w for w in workers if not done(answers[w])]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                within = self.config.timeouts.pause_barrier
+                raise BarrierTimeout(f"{what}: no answer within {within}s "
+                                     f"from {len(missing)} worker(s): {', '.join(missing)}")
+            time.sleep(0.05)
+
+    def pause(self) -> None:
+        """Stop admission and return once every live worker has paused its replica in
+        ``engine.pause_mode``; BarrierTimeout names the workers that did not answer."""
+        epoch = self.ledger.pause(self.config.engine.pause_mode)
+        self._await_acks("pause", "pause", lambda a: a is not None and int(a) >= epoch)
+
+    def resume(self) -> None:
+        """Clear the pause flag: admission resumes, workers resume their replicas."""
+        self.ledger.set_paused(False)
+
+    def update_weights(self, model_path: str, version: int) -> None:
+        """Pause, have every live worker load *model_path* into its replica, set the
+        policy version, resume. Raises naming the workers that failed or did not answer
+        (the farm then stays paused)."""
+        self.pause()
+        keys = self.ledger.keys
+        pipe = self.ledger.client.pipeline(transaction=True)  # path, version, epoch together
+        pipe.hset(keys.control, mapping={"weights_path": model_path,
+                                         "weights_version": str(version)})
+        pipe.hincrby(keys.control, "weights_epoch", 1)
+        with translate_errors(client_url(self.ledger.client)):
+            epoch = pipe.execute()[1]
+        self._await_acks("weight update", "weights",
+                         lambda a: a is not None and int(a.split()[0]) >= epoch)
+        failed = [f"{w} ({a.decode().split(' ', 1)[1]})" for w, a in self._acks("weights").items()
+                  if a is not None and not a.decode().endswith(" ok")]
+        if failed:
+            raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")
+        self.set_version(version)
+        self.resume()
+
+    def version(self) -> int:
+        return self.ledger.version()
+
+    def set_version(self, version: int) -> None:
+        self.ledger.set_version(version)
+
+    def status(self) -> dict[str, Any]:
+        return farm_status(self.ledger.client, self.config,
+                           redis_url=mask_url(resolve_url(self.config)))

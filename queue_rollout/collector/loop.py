@@ -1,0 +1,188 @@
+"""The collector: admission, the outbox, group judgement and the reconciler, under a
+leader lease so that a standby collector takes over when the leader dies.
+
+Each :meth:`Collector.step` (a few times a second) does, as leader:
+
+1. admit pending prompts while pause, staleness budget and capacity allow (each
+   refusal is counted by reason in the ledger);
+2. hand the new attempts to RQ (the outbox);
+3. judge complete groups from the events stream, through the consumer group
+   ``collector``: first every entry read but not acknowledged (by this collector before
+   a restart, or by one that lost the lead), then new ones; judging acknowledges the
+   entry in the same script, so nothing is judged twice;
+4. tick the reconciler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import redis
+
+from queue_rollout.collector.acceptance import GroupView, load_plugin, verdict
+from queue_rollout.collector.reconciler import Reconciler
+from queue_rollout.config import Config
+from queue_rollout.errors import BadInput
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.keys import EVENTS_GROUP
+from queue_rollout.ledger.outbox import flush_outbox
+from queue_rollout.ledger.status import live_workers
+from queue_rollout.results import EpisodeResult, decode_result
+
+log = logging.getLogger(__name__)
+MAX_ADMIT_PER_STEP = 1000
+SCAN_JOBS_EVERY = 50  # steps between the reconciler's full scans for lost RQ jobs
+
+
+@dataclass
+class StepReport:
+    leader: bool
+    admitted: int = 0
+    blocked: str = ""
+    judged: dict[str, str] = field(default_factory=dict)  # group id -> "" or reason
+
+
+class Collector:
+    def __init__(self, ledger: Ledger, config: Config, *, name: str | None = None) -> None:
+        self.ledger = ledger
+        self.config = config
+        self.keys = ledger.keys
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.plugin = load_plugin(config.acceptance.plugin)
+        self.reconciler = Reconciler(ledger, config)
+        self._steps = 0
+        self._ensure_group()
+
+    def _ensure_group(self) -> None:
+        try:
+            self.ledger.client.xgroup_create(self.keys.events, EVENTS_GROUP, id="0",
+                                             mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # -- one step --------------------------------------------------------------------
+
+    def step(self) -> StepReport:
+        leading, _holder = self.ledger.lead(self.name, self.config.timeouts.leader_lease)
+        if not leading:
+            return StepReport(leader=False)
+        report = StepReport(leader=True)
+        self._admit(report)
+        flush_outbox(self.ledger.client, self.keys)
+        self._judge_events(report)
+        self._steps += 1
+        self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1)
+        flush_outbox(self.ledger.client, self.keys)  # retries the reconciler handed back
+        return report
+
+    def _capacity(self) -> int | None:
+        if self.config.rollout.max_concurrent_samples != "auto":
+            return None
+        workers = live_workers(self.ledger.client, self.keys, now=self.ledger.clock(),
+                               stale_after=3 * self.config.timeouts.lease)
+        return sum(int(w.get("slots", 0)) for w in workers.values())
+
+    def _admit(self, report: StepReport) -> None:
+        capacity = self._capacity()
+        while report.admitted < MAX_ADMIT_PER_STEP:
+            admission = self.ledger.admit(capacity)
+            if admission.status != "admitted":
+                report.blocked = admission.reason
+                return
+            report.admitted += 1
+
+    def _judge_events(self, report: StepReport) -> None:
+        """Entries read but not acknowledged (by this collector before a restart, or by
+        a collector that lost the lead) first, then new ones. Only the leader judges,
+        so every pending entry is taken over at once; judging twice is harmless (the
+        second answer is `ignored` and only acknowledges)."""
+        client, events = self.ledger.client, self.keys.events
+        cursor = "0-0"
+        while True:
+            cursor, entries, *_ = client.xautoclaim(events, EVENTS_GROUP, self.name, 0, cursor,
+                                                    count=500)
+            self._judge_entries(entries, report)
+            if cursor in (b"0-0", "0-0"):
+                break
+        for _, entries in client.xreadgroup(EVENTS_GROUP, self.name, {events: ">"},
+                                            count=500) or []:
+            self._judge_entries(entries, report)
+
+    def _judge_entries(self, entries: list[tuple[bytes, dict[bytes, bytes]]],
+                       report: StepReport) -> None:
+        for entry_id, fields in entries:
+            if fields:  # an entry trimmed from the stream meanwhile has none
+                self._judge(fields[b"group"].decode(), entry_id.decode(), report)
+
+    def _judge(self, group_id: str, entry_id: str, report: StepReport) -> None:
+        group, raw_prompt, raws = self.ledger.group_with_results(group_id)
+        if group is None or group.state != "complete":  # judged already: just acknowledge
+            self.ledger.judge(group_id, accept=True, entry_id=entry_id)
+            return
+        results = [self._result(group_id, m, raw) for m, raw in enumerate(raws)]
+        unreadable = sum(1 for raw, res in zip(raws, results, strict=True)
+                         if raw is not None and res is None)
+        view = GroupView(group_id, json.loads(raw_prompt) if raw_prompt else {},
+                         group.failed + unreadable, results)
+        reason, detail = verdict(view, self.config.acceptance, self.plugin)
+        answer = self.ledger.judge(group_id, accept=not reason, reason=reason, entry_id=entry_id)
+        if not answer.ignored:
+            report.judged[group_id] = reason
+            if reason:
+                log.info("group %s rejected: %s (%s)", group_id, reason, detail)
+
+    def _result(self, group_id: str, member: int, raw: bytes | None) -> EpisodeResult | None:
+        """A member's result; one that cannot be decoded counts as a failed member
+        (rather than blocking the collector on every step)."""
+        if raw is None:
+            return None
+        try:
+            return decode_result(raw, self.config.limits.max_result_bytes)
+        except BadInput as exc:
+            log.warning("group %s member %d: unreadable result: %s", group_id, member, exc)
+            return None
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, interval: float = 0.2) -> None:
+        was_leader = None
+        while not stop.is_set():
+            try:
+                report = self.step()
+            except Exception:
+                log.exception("collector step failed")
+                stop.wait(1.0)
+                continue
+            if report.leader != was_leader:
+                log.info("collector %s: %s", self.name, "leader" if report.leader else "standby")
+                was_leader = report.leader
+            stop.wait(interval)
+
+
+def run_collector(config: Config) -> int:
+    """``queue-rollout collector``: until SIGTERM or Ctrl-C."""
+    import signal
+
+    from queue_rollout.collector.metrics import FarmMetrics
+    from queue_rollout.ledger.connection import connect_config
+
+    ledger = Ledger.from_config(connect_config(config), config)
+    collector = Collector(ledger, config)
+    metrics = FarmMetrics(ledger, config)
+    port = metrics.serve()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"collector {collector.name} for farm {config.farm.name}; metrics on "
+          f"http://{config.metrics.host}:{port}/metrics", flush=True)
+    try:
+        collector.run(stop)
+    finally:
+        metrics.close()
+    return 0

@@ -1,0 +1,193 @@
+"""The Prometheus exporter, run by the collector.
+
+Counters and gauges are read from the ledger at scrape time, so they stay right across
+collector restarts and failovers. Histograms are fed from the ledger's observations
+stream (episode durations at ``finish``, batch intervals at ``pop_batch``, consumed
+group staleness at ``ack``); a restarted exporter starts them afresh, as Prometheus
+expects of a process restart. ``/metrics`` and ``/healthz`` listen on
+``metrics.host:port`` (127.0.0.1 unless configured otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import redis
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from queue_rollout.config import Config
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.status import live_workers
+
+log = logging.getLogger(__name__)
+#: WSGI's start_response(status, headers)
+StartResponse = Callable[[str, list[tuple[str, str]]], object]
+P = "queue_rollout_"
+BLOCK_REASONS = ("capacity", "staleness", "paused")
+REJECT_REASONS = ("zero_variance", "failed_members", "plugin")
+FAIL_REASONS = ("workflow", "oversized", "max_attempts")
+RETRY_CAUSES = ("lease_expired", "worker_lost", "replica_restart", "generate_error",
+                "doubt_timeout")
+
+
+class LedgerCollector:
+    """A prometheus_client collector that reads the ledger at each scrape."""
+
+    def __init__(self, ledger: Ledger, config: Config) -> None:
+        self.ledger, self.config = ledger, config
+
+    def collect(self) -> Iterator[Metric]:
+        client, keys = self.ledger.client, self.ledger.keys
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(keys.counters)
+        pipe.hget(keys.state, "version")
+        counters_raw, version = pipe.execute()
+        c = {k.decode(): int(v) for k, v in counters_raw.items()}
+        workers = live_workers(client, keys, now=time.time(),
+                               stale_after=3 * self.config.timeouts.lease)
+        worker_slots = sum(int(w.get("slots", 0)) for w in workers.values())
+        r = self.config.rollout
+        capacity = worker_slots if r.max_concurrent_samples == "auto" else r.capacity_slots()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(P + name, doc, value=value)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(P + name, doc, value=value)
+
+        def labelled(name: str, doc: str, label: str, values: tuple[str, ...],
+                     prefix: str) -> CounterMetricFamily:
+            family = CounterMetricFamily(P + name, doc, labels=[label])
+            for v in values:
+                family.add_metric([v], c.get(f"{prefix}:{v}", 0))
+            return family
+
+        yield gauge("sample_slots", "Episode slots (capacity; group mode: G per group).", capacity)
+        yield gauge("sample_slots_reserved", "Episode slots reserved.", c.get("reserved", 0))
+        yield gauge("active_episodes", "Running attempts.", c.get("running", 0))
+        yield gauge("doubtful_attempts", "Attempts in doubt (slot kept).", c.get("doubtful", 0))
+        yield gauge("partial_groups", "Admitted groups with some members ended.",
+                    c.get("partial", 0))
+        yield gauge("policy_version", "The policy version.", int(version or 0))
+        yield gauge("workers_alive", "Workers whose supervisor reported recently.", len(workers))
+        yield gauge("groups_in_flight", "Admitted groups not yet judged.", c.get("in_flight", 0))
+        yield gauge("groups_ready", "Accepted groups waiting for a batch.",
+                    client.llen(keys.ready))
+        yield gauge("redis_used_memory_bytes", "Redis used_memory.",
+                    int(client.info("memory").get("used_memory", 0)))
+        yield counter("groups_admitted", "Groups admitted.", c.get("admitted", 0))
+        yield counter("groups_accepted", "Groups accepted.", c.get("accepted", 0))
+        yield counter("groups_consumed", "Groups consumed by trainers.", c.get("consumed", 0))
+        yield counter("output_tokens", "Output tokens recorded.", c.get("output_tokens", 0))
+        yield counter("batches_delivered", "Batches delivered.", c.get("batches", 0))
+        yield counter("notifications_ignored", "Duplicate or stale notifications refused.",
+                      c.get("ignored", 0))
+        yield labelled("groups_rejected", "Groups rejected, by reason.", "reason",
+                       REJECT_REASONS, "rejected")
+        yield labelled("admission_blocked", "Admission refusals, by reason.", "reason",
+                       BLOCK_REASONS, "blocked")
+        yield labelled("attempt_retries", "Attempts retried, by cause.", "cause",
+                       RETRY_CAUSES, "retries")
+        finished = CounterMetricFamily(P + "episodes_finished", "Episodes ended, by outcome.",
+                                       labels=["outcome"])
+        finished.add_metric(["finished"], c.get("finished", 0))
+        finished.add_metric(["failed"], c.get("failed", 0))
+        yield finished
+        yield labelled("episodes_failed", "Failed episodes, by reason.", "reason",
+                       FAIL_REASONS, "failed")
+
+
+class FarmMetrics:
+    """The registry, the histograms and the HTTP endpoint."""
+
+    def __init__(self, ledger: Ledger, config: Config) -> None:
+        self.ledger, self.config = ledger, config
+        self.registry = CollectorRegistry()
+        self.registry.register(LedgerCollector(ledger, config))
+        self.episode_duration = Histogram(
+            P + "episode_duration_seconds", "Attempt start to result.", registry=self.registry,
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf")))
+        self.batch_interval = Histogram(
+            P + "batch_interval_seconds", "Between successive batch deliveries.",
+            registry=self.registry,
+            buckets=(1, 5, 10, 20, 30, 60, 120, 300, 600, 1200, float("inf")))
+        self.staleness = Histogram(
+            P + "consumed_group_staleness", "Policy versions between admission and consumption.",
+            registry=self.registry, buckets=(0, 1, 2, 3, 4, 6, 8, 16, float("inf")))
+        # start from now: earlier observations belong to an earlier exporter's histograms
+        last = ledger.client.xrevrange(ledger.keys.observations, count=1)
+        self._last_id = last[0][0].decode() if last else "0-0"
+        self._server: WSGIServer | None = None
+
+    def poll_observations(self) -> int:
+        """Feed the histograms from the observations stream; returns entries read."""
+        client, key = self.ledger.client, self.ledger.keys.observations
+        n = 0
+        while True:
+            streams = client.xread({key: self._last_id}, count=1000)
+            if not streams:
+                return n
+            for entry_id, fields in streams[0][1]:
+                self._last_id = entry_id.decode()
+                n += 1
+                value = float(fields[b"v"])
+                kind = fields[b"k"]
+                if kind == b"episode_s":
+                    self.episode_duration.observe(value)
+                elif kind == b"batch_interval_s":
+                    self.batch_interval.observe(value)
+                elif kind == b"staleness":
+                    self.staleness.observe(value)
+
+    def exposition(self) -> bytes:
+        self.poll_observations()
+        return generate_latest(self.registry)
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self.ledger.client.ping())
+        except redis.RedisError:
+            return False
+
+    def _app(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            ok = self.healthy()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"redis unreachable\n"]
+        if path == "/metrics":
+            try:
+                body = self.exposition()
+            except redis.RedisError as exc:
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [f"redis unreachable: {type(exc).__name__}\n".encode()]
+            start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+            return [body]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"try /metrics or /healthz\n"]
+
+    def serve(self) -> int:
+        """Serve on metrics.host:port from a daemon thread; returns the port."""
+        m = self.config.metrics
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = make_server(m.host, m.port, self._app, handler_class=Quiet)
+        threading.Thread(target=self._server.serve_forever, daemon=True,
+                         name="metrics").start()
+        log.info("metrics on http://%s:%d/metrics", m.host, self._server.server_port)
+        return self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

@@ -1,0 +1,453 @@
+"""A simulated replica speaking SGLang's native HTTP API.
+
+``queue-rollout sim-engine --port P`` serves :class:`~.sim_model.SimModel` in real time
+over the endpoints the worker uses, answering as SGLang >= 0.5.10 answers (see
+``SGLANG_API.md``): ``/generate`` (``rid``, ``sampling_params`` with SGLang's keys only,
+``return_logprob``), ``/abort_request`` (always 200), ``/pause_generation`` (``abort``,
+``in_place``, ``retract``, the last kept in place here), ``/continue_generation``,
+``/health``, ``/get_server_info`` (with this process's ``boot_id``),
+``/update_weights_from_disk``. An rid still in flight is refused with 400; a client
+that disconnects aborts its request, as SGLang does.
+
+Tokens, logprobs and text are deterministic functions of ``sampling_seed``. For math
+prompts the worker passes ``custom_params = {"sim_answer": X, "sim_p_correct": p}``;
+the text then ends with ``\\boxed{X}`` with probability p (decided by the seed), else
+with a wrong number. It binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+from queue_rollout.engines.sim_model import (
+    DuplicateRid,
+    SimModel,
+    SimRequest,
+    _h,
+    token_id,
+    token_logprob,
+)
+
+log = logging.getLogger(__name__)
+
+#: SamplingParams keys of SGLang 0.5.10; anything else is refused, as a real server does.
+SAMPLING_KEYS = frozenset({
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
+    "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "custom_params", "stream_interval",
+    "logit_bias", "sampling_seed",
+})
+DEFAULT_SEED = 42  # SGLang's seed when none is given under deterministic inference
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(status)
+        self.status, self.body = status, body
+
+
+def _error(status: int, message: str) -> HTTPError:
+    return HTTPError(status, {"error": {"message": message, "code": status}})
+
+
+def output_length(seed: int, params: dict[str, Any]) -> int:
+    """Tokens a request produces: ``max_new_tokens`` with ``ignore_eos``; otherwise a
+    seeded long-tailed length (log-normal, median max_new_tokens / 8, sigma 1), capped
+    at ``max_new_tokens`` as a real stop would be."""
+    max_new = int(params.get("max_new_tokens", 128))
+    if params.get("ignore_eos") or max_new <= 1:
+        return max(0, max_new)
+    u1 = (_h("len1", seed) % 1_000_000 + 1) / 1_000_001
+    u2 = (_h("len2", seed) % 1_000_000) / 1_000_000
+    z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+    return max(1, min(max_new, round(max_new / 8 * math.exp(z))))
+
+
+def prompt_params(prompt: dict[str, Any]) -> dict[str, Any]:
+    """What a worker adds to every request's ``sampling_params`` for this replica: for a
+    prompt with an ``answer``, ``custom_params`` with the answer and its chance
+    (``p_correct``, default 0.5), so the simulated text is right that often. A real
+    SGLang server gets nothing of the kind."""
+    if "answer" not in prompt:
+        return {}
+    return {"custom_params": {"sim_answer": str(prompt["answer"]),
+                              "sim_p_correct": float(prompt.get("p_correct", 0.5))}}
+
+
+def output_text(seed: int, n: int, params: dict[str, Any], *, complete: bool = True) -> str:
+    """The text of *n* tokens; a complete math answer ends with ``\\boxed{...}``."""
+    words = " ".join(f"w{token_id(seed, i) % 997}" for i in range(min(n, 64)))
+    custom = params.get("custom_params") or {}
+    if complete and "sim_answer" in custom:
+        p = float(custom.get("sim_p_correct", 0.5))
+        correct = (_h("correct", seed) % 10_000) / 10_000 < p
+        answer = custom["sim_answer"] if correct else f"{_h('wrong', seed) % 1000}-wrong"
+        return f"{words} The answer is \\boxed{{{answer}}}"
+    return words
+
+
+class SimEngineServer:
+    """The HTTP face of one simulated replica. ``await start()``, then ``serve_forever``."""
+
+    def __init__(self, model: SimModel, *, host: str = "127.0.0.1", port: int = 0,
+                 request_log: Path | None = None, max_body: int = 64 << 20) -> None:
+        self.model = model
+        self.host, self.port = host, port
+        self.boot_id = uuid.uuid4().hex
+        self.request_log = request_log
+        self.max_body = max_body
+        self.healthy = True
+        self._wake = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._idle = asyncio.Event()  # nothing running (for weight updates)
+        self._server: asyncio.AbstractServer | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._logged = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.model.now = loop.time()
+        self._server = await asyncio.start_server(self._connection, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ticker = asyncio.create_task(self._tick())
+        log.info("sim engine on http://%s:%d boot %s", self.host, self.port, self.boot_id)
+        return self.port
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self._server:
+            self._server.close()
+            # wait_closed may also wait for the clients' open connections (newer Pythons):
+            # a peer that keeps an idle keep-alive connection must not hold the exit
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    # -- time ----------------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        self.model.advance(asyncio.get_running_loop().time())
+        self._flush_log()
+        if not self.model.running and not self.model.waiting:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._sync()
+            delay = self.model.next_event() - loop.time()
+            self._wake.clear()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(delay, 3600.0))
+
+    def _flush_log(self) -> None:
+        if self.request_log is None or self._logged >= len(self.model.log):
+            return
+        entries = self.model.log[self._logged:]
+        self._logged = len(self.model.log)
+        with self.request_log.open("a") as f:
+            for entry in entries:
+                f.write(json.dumps({**entry, "boot_id": self.boot_id}) + "\n")
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                method, path, _ = line.decode("latin-1").split(" ", 2)
+                headers: dict[str, str] = {}
+                while (h := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = h.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                length = int(headers.get("content-length", "0"))
+                if length > self.max_body:
+                    await self._respond(writer, 413, {"error": {"message": "body too large"}})
+                    return
+                body = await reader.readexactly(length) if length else b""
+                try:
+                    route = path.split("?")[0]
+                    status, payload = 200, await self._route(method, route, body, reader)
+                except HTTPError as exc:
+                    status, payload = exc.status, exc.body
+                except _Disconnected:
+                    return
+                await self._respond(writer, status, payload)
+                if headers.get("connection", "").lower() == "close":
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            return
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _respond(writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
+        if isinstance(payload, _Text):
+            data, kind = payload.encode(), "text/plain; version=0.0.4"
+        else:
+            data = b"" if payload is None else json.dumps(payload).encode()
+            kind = "application/json"
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                f"Content-Type: {kind}\r\nContent-Length: {len(data)}\r\n\r\n")
+        writer.write(head.encode() + data)
+        await writer.drain()
+
+    async def _route(self, method: str, path: str, body: bytes,
+                     reader: asyncio.StreamReader) -> Any:
+        get = {"/health": self._health, "/health_generate": self._health,
+               "/get_server_info": self._server_info, "/server_info": self._server_info,
+               "/get_weight_version": self._weight_version, "/model_info": self._weight_version,
+               "/metrics": self._metrics}
+        post = {"/abort_request": self._abort, "/pause_generation": self._pause,
+                "/continue_generation": self._continue,
+                "/update_weights_from_disk": self._update_weights}
+        if method == "GET" and path in get:
+            return get[path]()
+        if method in ("POST", "PUT") and path == "/generate":
+            return await self._generate(_json(body), reader)
+        if method == "POST" and path in post:
+            return await post[path](_json(body))
+        if path in get or path in post or path == "/generate":
+            raise _error(405, f"{method} not allowed on {path}")
+        raise _error(404, f"no route {path}")
+
+    # -- endpoints -----------------------------------------------------------------------
+
+    def _health(self) -> None:
+        if not self.healthy:
+            raise HTTPError(503, None)
+        return
+
+    def _server_info(self) -> dict[str, Any]:
+        m = self.model
+        return {"boot_id": self.boot_id, "version": "sim", "max_running_requests": m.slots,
+                "weight_version": m.weight_version, "step_ms": m.step_ms,
+                "step_ms_per_request": m.step_ms_per_request,
+                "running": len(m.running), "waiting": len(m.waiting),
+                "paused": m.paused}
+
+    def _metrics(self) -> _Text:
+        """Prometheus text with SGLang's gauge names (``--enable-metrics``)."""
+        self._sync()
+        m = self.model
+        running = len(m.running)
+        throughput = running / m.step_s() if running and not m.paused else 0.0
+        labels = '{model_name="sim"}'
+        lines = [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            "# TYPE sglang:num_running_reqs gauge",
+            f"sglang:num_running_reqs{labels} {running}",
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+            "# TYPE sglang:num_queue_reqs gauge",
+            f"sglang:num_queue_reqs{labels} {len(m.waiting)}",
+            "# HELP sglang:gen_throughput The generation throughput (token/s).",
+            "# TYPE sglang:gen_throughput gauge",
+            f"sglang:gen_throughput{labels} {throughput:.3f}",
+        ]
+        return _Text("\n".join(lines) + "\n")
+
+    def _weight_version(self) -> dict[str, Any]:
+        return {"weight_version": self.model.weight_version}
+
+    async def _abort(self, body: dict[str, Any]) -> None:
+        self._sync()
+        self.model.abort(str(body.get("rid", "")), bool(body.get("abort_all", False)))
+        self._sync()
+        self._wake.set()
+        return
+
+    async def _pause(self, body: dict[str, Any]) -> dict[str, str]:
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "in_place", "retract"):
+            raise _error(400, f"invalid pause mode {mode!r}")
+        self._sync()
+        self.model.pause(mode)
+        self._resumed.clear()
+        self._sync()
+        self._wake.set()
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    async def _continue(self, body: dict[str, Any]) -> dict[str, str]:
+        self._sync()
+        self.model.resume()
+        self._resumed.set()
+        self._wake.set()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    async def _update_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not body.get("model_path"):
+            raise _error(400, "model_path is required")
+        if not self.model.paused:  # SGLang waits for in-flight generations to finish
+            self._sync()
+            await self._idle.wait()
+        version = body.get("weight_version")
+        message = "Succeeded to update model weights."
+        if version is not None:
+            self.model.weight_version = str(version)
+            message += f" Weight version updated to {version}."
+        return {"success": True, "message": message, "num_paused_requests": 0}
+
+    async def _generate(self, body: dict[str, Any], reader: asyncio.StreamReader) -> dict[str, Any]:
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise _error(400, "sampling_params must be an object")
+        unknown = sorted(set(params) - SAMPLING_KEYS)
+        if unknown:
+            raise HTTPError(400, {"error": f"unknown field `{unknown[0]}` in sampling_params"})
+        if "input_ids" in body:
+            prompt_tokens = len(body["input_ids"])
+        elif "text" in body:
+            prompt_tokens = max(1, len(str(body["text"]).split()))
+        else:
+            raise _error(400, "Either text or input_ids should be provided.")
+        if params.get("max_new_tokens", 128) < 0:
+            raise _error(400, "max_new_tokens must be at least 0")
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        seed = params.get("sampling_seed")
+        seed = DEFAULT_SEED if seed is None else int(seed)
+        self._sync()
+        if self.model.active(rid):
+            raise _error(400, f"Duplicate request IDs detected: [{rid!r}]")
+        await self._resumed.wait()  # a paused server holds new requests
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[SimRequest, dict[str, Any]]] = loop.create_future()
+
+        def on_done(request: SimRequest, reason: dict[str, Any]) -> None:
+            if not done.done():
+                done.set_result((request, reason))
+
+        request = SimRequest(rid, seed, output_length(seed, params), self.model.weight_version,
+                             on_done=on_done)
+        self._sync()
+        try:
+            self.model.submit(request)
+        except DuplicateRid:
+            raise _error(400, f"Duplicate request IDs detected: [{rid!r}]") from None
+        self._sync()
+        self._wake.set()
+        # Watch the connection while the request runs: a client that goes away has its
+        # request aborted, as SGLang does. (Clients send nothing more while they wait.)
+        eof = asyncio.ensure_future(reader.read(1))
+        waits: set[asyncio.Future[Any]] = {done, eof}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            self._sync()
+            self.model.abort(rid)
+            self._sync()
+            raise _Disconnected
+        eof.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await eof
+        request, reason = done.result()
+        return self._response(body, params, request, reason, prompt_tokens, loop.time())
+
+    def _response(self, body: dict[str, Any], params: dict[str, Any], r: SimRequest,
+                  reason: dict[str, Any], prompt_tokens: int, now: float) -> dict[str, Any]:
+        n = r.tokens
+        ids = [token_id(r.seed, i) for i in range(n)]
+        meta: dict[str, Any] = {
+            "id": r.rid, "finish_reason": reason, "prompt_tokens": prompt_tokens,
+            "completion_tokens": n, "cached_tokens": 0,
+            "weight_version": self.model.weight_version,
+            "e2e_latency": now - r.arrived,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[token_logprob(r.seed, i), t, None]
+                                             for i, t in enumerate(ids)]
+        text = output_text(r.seed, n, params, complete=reason["type"] != "abort")
+        return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class _Text(str):
+    """A plain-text response body."""
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise _error(400, "body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _error(400, "body must be a JSON object")
+    return value
+
+
+def run_sim_engine(*, host: str, port: int, slots: int, step_ms: float,
+                   step_ms_per_request: float, request_log: Path | None = None,
+                   boot_id: str | None = None) -> None:
+    """Serve one simulated replica until interrupted (``queue-rollout sim-engine``)."""
+
+    async def main() -> None:
+        model = SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request)
+        server = SimEngineServer(model, host=host, port=port, request_log=request_log)
+        if boot_id:
+            server.boot_id = boot_id
+        await server.start()
+        print(f"sim engine listening on http://{host}:{server.port} (boot {server.boot_id})",
+              flush=True)
+        try:
+            await server.serve_forever()
+        finally:
+            await server.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+class ThreadedSimEngine:
+    """A simulated replica on its own event-loop thread, for tests and in-process farms."""
+
+    def __init__(self, *, slots: int, step_ms: float, step_ms_per_request: float = 0.0,
+                 host: str = "127.0.0.1", port: int = 0, request_log: Path | None = None) -> None:
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.server = SimEngineServer(
+            SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request),
+            host=host, port=port, request_log=request_log)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="sim-engine")
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(10)
+        self.url = f"http://{host}:{self.server.port}"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def __enter__(self) -> ThreadedSimEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,178 @@
+"""``queue-rollout node --gpus 0-7``: one replica and one worker per GPU of this host.
+
+For each GPU i: a replica on port ``engine.base_port + i`` — SGLang
+(``python -m sglang.launch_server`` with the model, ``CUDA_VISIBLE_DEVICES`` pinned to
+the GPU, ``--enable-metrics``, ``--enable-deterministic-inference`` when
+``engine.deterministic``, ``--max-running-requests engine.slots_per_replica``, then
+``engine.sglang_args``) or, with ``engine.kind = "sim"``, a simulated replica. Every
+replica start gets a new boot id, recorded in ``<state_dir>/node/boots.jsonl`` (a
+simulated replica's requests go to ``requests-gpuN.jsonl`` beside it); once the
+replica answers ``/health``, a worker pinned to it starts with that boot id
+(``--boot-id``). When a replica dies it is restarted with backoff under a new boot id,
+and its worker is restarted too, so the worker settles the old boot's attempts as
+stopped (the boot changed) and carries on. A dead worker is restarted with backoff.
+SIGTERM or Ctrl-C: the workers first (their episodes finish within
+``timeouts.shutdown_grace``), then the replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from queue_rollout.config import Config, write_config
+from queue_rollout.errors import ConfigError
+from queue_rollout.ledger.connection import connect_config
+from queue_rollout.ledger.shape import check_shape
+from queue_rollout.procs import Supervised, cli_exe, stop_all
+
+log = logging.getLogger(__name__)
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``0-7``, ``0,2,5`` or ``0-3,6`` -> GPU indices, in order, each once."""
+    gpus: list[int] = []
+    for part in text.split(","):
+        m = _RANGE.match(part.strip())
+        if not m:
+            raise ConfigError(f"--gpus: {text!r} is not a list of GPU indices like 0-7 or 0,2,5")
+        first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+        if last < first:
+            raise ConfigError(f"--gpus: range {part.strip()!r} runs backwards")
+        gpus += [g for g in range(first, last + 1) if g not in gpus]
+    return gpus
+
+
+def replica_argv(config: Config, gpu: int, port: int, boot_id: str,
+                 request_log: Path | None = None) -> list[str]:
+    """The command line of the replica for *gpu* (pinned through the environment); a
+    simulated replica appends its requests to *request_log*."""
+    e = config.engine
+    if e.kind == "sim":
+        return [cli_exe(), "sim-engine", "--port", str(port), "--slots", str(e.slots_per_replica),
+                "--step-ms", str(e.step_ms), "--step-ms-per-request",
+                str(e.step_ms_per_request), "--boot-id", boot_id,
+                *(["--request-log", str(request_log)] if request_log else [])]
+    if not e.model_path:
+        raise ConfigError('engine.model_path: `node` with engine.kind = "sglang" needs the model')
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", e.model_path,
+            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics",
+            "--max-running-requests", str(e.slots_per_replica)]
+    if e.deterministic:
+        argv.append("--enable-deterministic-inference")
+    return argv + list(e.sglang_args)
+
+
+@dataclass
+class GpuSlot:
+    """One GPU: its replica, the replica's current boot, and the worker pinned to it."""
+
+    gpu: int
+    port: int
+    replica: Supervised
+    worker: Supervised | None = None
+    boot_id: str = ""
+    healthy: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Node:
+    config: Config
+    config_path: Path
+    gpus: list[int]
+    state_dir: Path
+    slots: list[GpuSlot] = field(default_factory=list)
+    health_timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        write_config(self.config_path, self.config)
+        for i, gpu in enumerate(self.gpus):
+            port = self.config.engine.base_port + i
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+            replica = Supervised(f"replica gpu{gpu}", [], env=env,
+                                 log_path=self.state_dir / f"replica-gpu{gpu}.log")
+            slot = GpuSlot(gpu, port, replica)
+            replica.before_start = lambda _, slot=slot: self._new_boot(slot)
+            self.slots.append(slot)
+
+    def _new_boot(self, slot: GpuSlot) -> None:
+        """Before every replica start: a new boot id; the worker waits for health."""
+        slot.boot_id = uuid.uuid4().hex
+        slot.healthy = False
+        slot.replica.argv = replica_argv(self.config, slot.gpu, slot.port, slot.boot_id,
+                                         self.state_dir / f"requests-gpu{slot.gpu}.jsonl")
+        if slot.worker is not None and slot.worker.proc is not None:
+            stop_all([slot.worker.proc], self.config.timeouts.shutdown_grace + 30)
+        slot.worker = None
+        record = {"gpu": slot.gpu, "port": slot.port, "boot_id": slot.boot_id,
+                  "started_at": time.time()}
+        with (self.state_dir / "boots.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        log.info("replica gpu%d: starting on port %d (boot %s)", slot.gpu, slot.port, slot.boot_id)
+
+    def _worker(self, slot: GpuSlot) -> Supervised:
+        return Supervised(
+            f"worker gpu{slot.gpu}",
+            [cli_exe(), "worker", "--gpu", str(slot.gpu), "--engine-url", slot.url,
+             "--boot-id", slot.boot_id, "-c", str(self.config_path)],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(slot.gpu)},
+            log_path=self.state_dir / f"worker-gpu{slot.gpu}.log")
+
+    def step(self) -> None:
+        """Keep every replica running; start (or keep) its worker once it is healthy."""
+        from queue_rollout.engines.sglang import SGLangClient
+
+        for slot in self.slots:
+            slot.replica.keep()
+            if (not slot.healthy and slot.replica.proc is not None
+                    and SGLangClient(slot.url, timeout=self.health_timeout).healthy()):
+                slot.healthy = True
+                log.info("replica gpu%d: healthy (boot %s); starting its worker",
+                         slot.gpu, slot.boot_id)
+                slot.worker = self._worker(slot)
+            if slot.healthy and slot.worker is not None:
+                slot.worker.keep()
+
+    def stop(self) -> None:
+        stop_all((s.worker.proc for s in self.slots if s.worker and s.worker.proc),
+                 self.config.timeouts.shutdown_grace + 30)
+        stop_all((s.replica.proc for s in self.slots if s.replica.proc), 30)
+
+
+def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = None,
+             poll_s: float = 0.5) -> int:
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    replica_argv(config, gpus[0], config.engine.base_port, "check")  # refuse bad config now
+    check_shape(connect_config(config), config)  # and a config the farm does not run
+    state = Path(config.farm.state_dir) / "node"
+    node = Node(config, state / "node.toml", gpus, state)
+    first = config.engine.base_port
+    print(f"node: {len(gpus)} GPUs ({', '.join(map(str, gpus))}), {config.engine.kind} "
+          f"replicas on ports {first}..{first + len(gpus) - 1}; "
+          f"boot ids in {state / 'boots.jsonl'}; Ctrl-C stops it", flush=True)
+    try:
+        while not stop.is_set():
+            node.step()
+            stop.wait(poll_s)
+    finally:
+        node.stop()
+    print("node: stopped", flush=True)
+    return 0

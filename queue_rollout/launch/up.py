@@ -1,0 +1,161 @@
+"""``queue-rollout up``: a whole local farm in the foreground until Ctrl-C.
+
+An embedded Redis when ``farm.redis_url`` is empty (its URL written under
+``state_dir`` for the other commands), ``engine.replicas`` simulated replicas when
+``engine.kind = "sim"`` (else the replicas at ``engine.urls``), one worker per replica
+(restarted with backoff if it dies, so every replica keeps someone to resolve its
+doubt), and the collector with its metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from queue_rollout.collector.loop import Collector
+from queue_rollout.collector.metrics import FarmMetrics
+from queue_rollout.config import Config, write_config
+from queue_rollout.errors import ConfigError, QueueRolloutError
+from queue_rollout.ledger.connection import connect, mask_url
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.procs import Supervised, cli_exe, stop_all
+
+log = logging.getLogger(__name__)
+
+
+def start_sim_engines(config: Config, config_path: Path,
+                      request_log_dir: Path | None = None) -> tuple[list[Supervised], list[str]]:
+    """``engine.replicas`` simulated replicas (restartable), and their URLs; each one
+    appends its requests to ``request_log_dir/replica-<i>.jsonl`` when that is given."""
+    e = config.engine
+    engines: list[Supervised] = []
+    urls: list[str] = []
+    for i in range(e.replicas):
+        argv = [cli_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
+                "--step-ms", str(e.step_ms), "--step-ms-per-request",
+                str(e.step_ms_per_request), "-c", str(config_path)]
+        if request_log_dir is not None:
+            argv += ["--request-log", str(request_log_dir / f"replica-{i}.jsonl")]
+        # the engine binds a free port itself and says which: no port can be taken
+        # between choosing and binding it; a restart asks for the same port again
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"http://[\d.]+:(\d+)", line)
+        if not match:
+            proc.kill()
+            stop_all((m.proc for m in engines if m.proc), 10)
+            raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
+        argv[3] = match.group(1)
+        engines.append(Supervised(f"sim replica {i}", argv, proc=proc))
+        urls.append(f"http://127.0.0.1:{match.group(1)}")
+    return engines, urls
+
+
+@dataclass
+class LocalFarm:
+    """Redis (embedded when the config names none), replicas and workers. Replicas are
+    ``engine.urls`` for SGLang, simulated ones started here for ``sim``, or the
+    *engine_urls* given (replicas someone else runs, e.g. shared by benchmark runs)."""
+
+    config: Config
+    config_path: Path
+    engine_urls: list[str] | None = None
+    log_dir: Path | None = None  # the workers' stderr goes to <log_dir>/worker-<i>.log
+    redis: EmbeddedRedis | None = None
+    engines: list[Supervised] = field(default_factory=list)
+    workers: list[Supervised] = field(default_factory=list)
+
+    def start(self) -> str:
+        c = self.config
+        url = c.farm.redis_url
+        if not url:
+            self.redis = EmbeddedRedis(c.farm.state_dir)
+            url = self.redis.start()
+            # the children find this Redis through the config we hand them
+            self.config = msgspec.structs.replace(
+                c, farm=msgspec.structs.replace(c.farm, redis_url=url))
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
+        write_config(self.config_path, self.config)
+        urls = self._replica_urls()
+        for gpu, engine_url in enumerate(urls):
+            self.workers.append(Supervised(
+                f"worker gpu{gpu}", [cli_exe(), "worker", "--gpu", str(gpu), "--engine-url",
+                                     engine_url, "-c", str(self.config_path)],
+                log_path=None if self.log_dir is None else self.log_dir / f"worker-{gpu}.log"))
+        return url
+
+    def _replica_urls(self) -> list[str]:
+        e = self.config.engine
+        if self.engine_urls is not None:
+            return list(self.engine_urls)
+        if e.kind == "sglang":
+            if not e.urls:
+                raise ConfigError("engine.urls: `up` with engine.kind = \"sglang\" needs the "
+                                  "replicas' URLs (or use `queue-rollout node`)")
+            return list(e.urls)
+        self.engines, urls = start_sim_engines(self.config, self.config_path)
+        return urls
+
+    def keep(self) -> None:
+        for m in (*self.engines, *self.workers):
+            m.keep()
+
+    def stop(self) -> None:
+        stop_all((m.proc for m in self.workers if m.proc), self.config.timeouts.shutdown_grace + 30)
+        stop_all((m.proc for m in self.engines if m.proc), 10)
+        if self.redis is not None:
+            self.redis.stop()
+
+
+def wait_for_workers(ledger: Ledger, farm: LocalFarm, stop: threading.Event,
+                      timeout: float = 120.0) -> None:
+    """Until every worker has registered (so `up` prints its line when the farm works)."""
+    from queue_rollout.ledger.status import live_workers
+
+    deadline = time.monotonic() + timeout
+    while not stop.is_set() and time.monotonic() < deadline:
+        alive = live_workers(ledger.client, ledger.keys, now=time.time(),
+                             stale_after=3 * farm.config.timeouts.lease)
+        if len(alive) >= len(farm.workers):
+            return
+        farm.keep()
+        time.sleep(0.2)
+    log.warning("not every worker registered within %.0fs", timeout)
+
+
+def run_up(config: Config, *, stop: threading.Event | None = None) -> int:
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    farm = LocalFarm(config, Path(config.farm.state_dir) / "up.toml")
+    url = farm.start()
+    try:
+        ledger = Ledger.from_config(connect(url, config.farm.redis_ca_file), farm.config)
+        collector = Collector(ledger, farm.config)
+        metrics = FarmMetrics(ledger, farm.config)
+        port = metrics.serve()
+        farm.keep()
+        wait_for_workers(ledger, farm, stop)
+        print(f"farm {config.farm.name} up: redis {mask_url(url)}, {len(farm.workers)} workers, "
+              f"metrics http://{config.metrics.host}:{port}/metrics; Ctrl-C stops it",
+              flush=True)
+        thread = threading.Thread(target=collector.run, args=(stop,), daemon=True,
+                                  name="collector")
+        thread.start()
+        while not stop.wait(0.5):
+            farm.keep()
+        thread.join(10)
+        metrics.close()
+    finally:
+        farm.stop()
+    return 0

@@ -1,0 +1,327 @@
+"""The ledger: a typed wrapper over the Lua scripts, one method per operation.
+
+The ledger is the truth about capacity: which groups are admitted, which attempt holds
+which slot, what has been recorded. Every method is one atomic script call, keyed by
+attempt id where a worker reports, with the clock passed in (``clock``), so tests and
+simulations control time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.ledger.connection import client_url, translate_errors
+from queue_rollout.ledger.keys import EVENTS_GROUP, Keys, episode_field
+from queue_rollout.ledger.records import (
+    SUPERSEDED,
+    AttemptRecord,
+    BatchRecord,
+    GroupRecord,
+    decode_attempt,
+    decode_batch,
+    decode_group,
+)
+from queue_rollout.ledger.scripts import Scripts
+from queue_rollout.ledger.shape import check_shape
+
+Clock = Callable[[], float]
+
+
+def new_attempt_id() -> str:
+    """A fresh attempt id: 32 hex digits, valid as an RQ job id and an SGLang rid."""
+    return uuid.uuid4().hex
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a script answered: a status word and a detail (a reason when ignored)."""
+
+    status: str
+    detail: str = ""
+
+    @property
+    def ignored(self) -> bool:
+        return self.status == "ignored"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    status: Literal["admitted", "blocked", "empty"]
+    reason: str = ""
+    group_id: str = ""
+    attempt_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    status: Literal["started", "ignored"]
+    reason: str = ""
+    group_id: str = ""
+    member: int = -1
+    attempt_number: int = 0
+    prompt: bytes | None = None  # the group's prompt JSON, read in the same step
+    version: int = 0  # the policy version when the attempt started
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    batch: BatchRecord
+    redelivered: bool
+
+
+class Ledger:
+    """Atomic ledger operations for one farm."""
+
+    def __init__(
+        self, client: redis.Redis, farm: str, rollout: RolloutConfig,
+        *, clock: Clock = time.time,
+    ) -> None:
+        self.client = client
+        self.keys = Keys(farm)
+        self.rollout = rollout
+        self.clock = clock
+        self._scripts = Scripts(client)
+        self._url = client_url(client)
+
+    @classmethod
+    def from_config(cls, client: redis.Redis, config: Config, *,
+                    clock: Clock = time.time) -> Ledger:
+        """The farm's ledger; refuses (ConfigError) a *config* that disagrees with the
+        farm's recorded shape (:mod:`queue_rollout.ledger.shape`), and records it if none is."""
+        check_shape(client, config)
+        return cls(client, config.farm.name, config.rollout, clock=clock)
+
+    def _call(self, name: str, keys: list[str], *args: object) -> list[Any]:
+        with translate_errors(self._url):
+            return self._scripts.call(name, keys, [repr(self.clock()), *args])
+
+    def _answer(self, name: str, keys: list[str], *args: object) -> Answer:
+        reply = self._call(name, keys, *args)
+        return Answer(_s(reply[0]), _s(reply[1]) if len(reply) > 1 else "")
+
+    # -- prompts and admission ---------------------------------------------------------
+
+    def submit(self, prompts: Iterable[tuple[str, bytes]]) -> Answer:
+        """Add prompts (id, prompt JSON) all or none; ``duplicate`` lists known ids."""
+        k = self.keys
+        args: list[object] = []
+        for pid, payload in prompts:
+            args += [pid, payload]
+        reply = self._call("submit", [k.counters, k.prompts, k.groups, k.pending], *args)
+        if _s(reply[0]) == "duplicate":
+            return Answer("duplicate", ",".join(_s(x) for x in reply[1:]))
+        return Answer("submitted", _s(reply[1]))
+
+    def admit(self, live_worker_slots: int | None = None) -> Admission:
+        """Admit the next pending prompt as a group, if pause, staleness and slots allow."""
+        r, k = self.rollout, self.keys
+        aids = [new_attempt_id() for _ in range(r.group_size)]
+        reply = self._call(
+            "admit",
+            [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox],
+            r.group_size, r.batch_size, r.capacity_slots(live_worker_slots),
+            r.max_staleness, r.mode, *aids,
+        )
+        status = _s(reply[0])
+        if status == "admitted":
+            return Admission("admitted", "", _s(reply[1]), tuple(_s(a) for a in reply[2:]))
+        return Admission(status, _s(reply[1]))  # type: ignore[arg-type]
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def start(self, aid: str, worker: str, replica: str, boot: str, lease_s: float) -> Start:
+        """Claim a queued attempt for *worker* before anything is sent to the replica."""
+        k = self.keys
+        reply = self._call(
+            "start", [k.counters, k.attempts, k.leases, k.prompts, k.state],
+            aid, worker, replica, boot, repr(float(lease_s)),
+        )
+        if _s(reply[0]) == "started":
+            prompt = reply[4] if isinstance(reply[4], bytes) else str(reply[4]).encode()
+            return Start("started", "", _s(reply[1]), int(reply[2]), int(reply[3]),
+                         prompt or None, int(reply[5]))
+        return Start("ignored", _s(reply[1]))
+
+    def progress(self, aid: str, worker: str, seq: int, lease_s: float, tokens: int = 0) -> Answer:
+        """Heartbeat: renew the lease; *seq* must grow per attempt."""
+        k = self.keys
+        return self._answer(
+            "progress", [k.counters, k.attempts, k.leases, k.doubt],
+            aid, worker, seq, repr(float(lease_s)), tokens,
+        )
+
+    def finish(
+        self, aid: str, member: int, result: bytes, *, output_tokens: int = 0,
+        outcome: Literal["finished", "failed"] = "finished",
+        reason: Literal["workflow", "oversized"] = "workflow",
+    ) -> Answer:
+        """Record an attempt's result; ``recorded`` (detail ``group_complete`` when the
+        group completed) or ``ignored`` with the reason. A failed episode is counted
+        by *reason* (``failed:<reason>``)."""
+        k = self.keys
+        return self._answer(
+            "finish",
+            [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
+             k.observations],
+            aid, member, outcome, output_tokens, result, reason,
+        )
+
+    def mark_doubtful(self, aid: str, cause: str) -> Answer:
+        """A running attempt may or may not still run: it keeps its slot."""
+        k = self.keys
+        return self._answer(
+            "doubt", [k.counters, k.attempts, k.leases, k.doubt], aid, cause,
+        )
+
+    def retry(
+        self, aid: str, *, cause: str, resolution: Literal["stopped", "lost"] = "stopped",
+        doubt_s: float = 0.0,
+    ) -> Answer:
+        """The attempt is confirmed stopped (or declared lost after *doubt_s* of doubt):
+        ``retried`` with the new attempt id, or ``failed`` after max_attempts."""
+        k = self.keys
+        return self._answer(
+            "retry",
+            [k.counters, k.attempts, k.groups, k.outbox, k.leases, k.doubt, k.events],
+            aid, new_attempt_id(), resolution, cause, self.rollout.max_attempts,
+            repr(float(doubt_s)),
+        )
+
+    # -- groups and batches ------------------------------------------------------------
+
+    def judge(self, group_id: str, *, accept: bool, reason: str = "", entry_id: str = "") -> Answer:
+        """Accept or reject a complete group; acknowledges the events entry *entry_id*."""
+        k = self.keys
+        return self._answer(
+            "judge",
+            [k.counters, k.groups, k.ready, k.events, k.prompts, k.attempts, k.results],
+            group_id, "accept" if accept else "reject", reason, EVENTS_GROUP, entry_id,
+        )
+
+    def pop_batch(self, consumer: str) -> Delivery | None:
+        """Exactly B ready groups, or the consumer's unacknowledged batch again."""
+        k = self.keys
+        reply = self._call(
+            "pop_batch", [k.counters, k.state, k.groups, k.ready, k.batches, k.observations],
+            consumer, self.rollout.batch_size, uuid.uuid4().hex,
+        )
+        status = _s(reply[0])
+        if status == "empty":
+            return None
+        return Delivery(decode_batch(reply[1]), redelivered=status == "redelivered")
+
+    def ack(self, consumer: str, batch_id: str) -> Answer:
+        k = self.keys
+        return self._answer(
+            "ack",
+            [k.counters, k.groups, k.batches, k.prompts, k.attempts, k.results, k.state,
+             k.observations],
+            consumer, batch_id,
+        )
+
+    # -- trainer controls --------------------------------------------------------------
+
+    def set_version(self, version: int) -> int:
+        """Set the policy version and move the staleness budget's baseline so that the
+        groups consumed so far count as ``version * B``; returns the previous version."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        k = self.keys
+        return int(self._answer("set_version", [k.state, k.counters], version,
+                                self.rollout.batch_size).detail)
+
+    def set_paused(self, paused: bool, mode: str = "in_place") -> bool:
+        """Raise or clear the pause flag; returns the previous flag."""
+        reply = self._call("set_paused", [self.keys.state], "1" if paused else "0", mode)
+        return _s(reply[1]) == "1"
+
+    def pause(self, mode: str) -> int:
+        """Raise the pause flag; returns the new pause epoch workers acknowledge."""
+        return int(self._call("set_paused", [self.keys.state], "1", mode)[2])
+
+    def lead(self, candidate: str, lease_s: float) -> tuple[bool, str]:
+        """Take or renew collector leadership; returns (leading?, current holder)."""
+        answer = self._answer("lead", [self.keys.leader], candidate, repr(float(lease_s)))
+        return answer.status == "leader", answer.detail
+
+    # -- reading -----------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        with translate_errors(self._url):
+            raw = self.client.hgetall(self.keys.counters)
+        return {_s(f): int(v) for f, v in raw.items()}
+
+    def version(self) -> int:
+        return int(self._hget(self.keys.state, "version") or 0)
+
+    def budget_baseline(self) -> int:
+        """Groups the staleness budget does not count of ``accepted`` (negative after a
+        trainer resumed at a version ahead of what it consumed here)."""
+        return int(self._hget(self.keys.state, "budget_baseline") or 0)
+
+    def paused(self) -> bool:
+        return self._hget(self.keys.state, "paused") == b"1"
+
+    def _hget(self, key: str, field: str) -> bytes | None:
+        with translate_errors(self._url):
+            raw: bytes | None = self.client.hget(key, field)
+        return raw
+
+    def group(self, group_id: str) -> GroupRecord | None:
+        raw = self._hget(self.keys.groups, group_id)
+        return decode_group(raw) if raw else None
+
+    def member_attempts(self, group_id: str, member: int) -> list[tuple[str, AttemptRecord]]:
+        """Every attempt of one member still on record, oldest first."""
+        group = self.group(group_id)
+        if group is None:
+            return []
+        ids = group.attempt_ids
+        with translate_errors(self._url):
+            raws = self.client.hmget(self.keys.attempts, ids)
+        found = [(aid, decode_attempt(raw)) for aid, raw in zip(ids, raws, strict=True) if raw]
+        return [(aid, a) for aid, a in found if a.m == member]
+
+    def current_attempt(self, group_id: str, member: int) -> tuple[str, AttemptRecord] | None:
+        """The member's attempt that has not been superseded (stopped or lost)."""
+        current = [(aid, a) for aid, a in self.member_attempts(group_id, member)
+                   if a.state not in SUPERSEDED]
+        return current[-1] if current else None
+
+    def attempt(self, aid: str) -> AttemptRecord | None:
+        raw = self._hget(self.keys.attempts, aid)
+        return decode_attempt(raw) if raw else None
+
+    def group_with_results(self, group_id: str
+                           ) -> tuple[GroupRecord | None, bytes | None, list[bytes | None]]:
+        """The group's record, prompt and members' results in one round trip."""
+        k, g = self.keys, self.rollout.group_size
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hget(k.groups, group_id)
+        pipe.hget(k.prompts, group_id)
+        pipe.hmget(k.results, [episode_field(group_id, m) for m in range(g)])
+        with translate_errors(self._url):
+            raw, prompt, results = pipe.execute()
+        record = decode_group(raw) if raw is not None else None
+        if record is not None and g != record.G:  # recorded under another group size
+            with translate_errors(self._url):
+                results = self.client.hmget(
+                    k.results, [episode_field(group_id, m) for m in range(record.G)])
+        return record, prompt, results
+
+    def result(self, group_id: str, member: int) -> bytes | None:
+        return self._hget(self.keys.results, episode_field(group_id, member))
+
+    def prompt(self, group_id: str) -> bytes | None:
+        return self._hget(self.keys.prompts, group_id)

@@ -1,0 +1,142 @@
+"""Every Redis key name queue-rollout uses, built from the farm name.
+
+Farm keys carry the farm as a Redis Cluster hash tag (``qr:{demo}:counters``) so that
+every ledger script touches keys of one slot. RQ's own keys (``rq:...``) are RQ's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: The dotted path RQ imports to run an episode attempt (payload: the attempt id).
+EPISODE_JOB_FUNC = "queue_rollout.workers.episode.run_attempt"
+#: Consumer group of the collector on the events stream.
+EVENTS_GROUP = "collector"
+
+
+@dataclass(frozen=True)
+class Keys:
+    farm: str
+    prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.farm or any(c in self.farm for c in "{}: \t\n"):
+            raise ValueError(f"farm name {self.farm!r} cannot be used in a key")
+        object.__setattr__(self, "prefix", f"qr:{{{self.farm}}}:")
+
+    def _k(self, name: str) -> str:
+        return self.prefix + name
+
+    # Scalars
+    @property
+    def counters(self) -> str:
+        """Hash of ledger counters (reserved, running, in_flight, accepted, ...)."""
+        return self._k("counters")
+
+    @property
+    def state(self) -> str:
+        """Hash: policy ``version``, ``paused`` flag."""
+        return self._k("state")
+
+    # Work
+    @property
+    def pending(self) -> str:
+        """List of submitted prompt ids not yet admitted (FIFO)."""
+        return self._k("pending")
+
+    @property
+    def prompts(self) -> str:
+        """Hash prompt id -> prompt JSON."""
+        return self._k("prompts")
+
+    @property
+    def groups(self) -> str:
+        """Hash group id (= prompt id) -> group record JSON."""
+        return self._k("groups")
+
+    @property
+    def attempts(self) -> str:
+        """Hash attempt id -> attempt record JSON."""
+        return self._k("attempts")
+
+    @property
+    def results(self) -> str:
+        """Hash ``gid/member`` -> encoded episode result."""
+        return self._k("results")
+
+    @property
+    def outbox(self) -> str:
+        """List of attempt ids whose RQ job is still to be enqueued."""
+        return self._k("outbox")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set running attempt id -> lease expiry."""
+        return self._k("leases")
+
+    @property
+    def doubt(self) -> str:
+        """Sorted set doubtful attempt id -> doubtful since."""
+        return self._k("doubt")
+
+    @property
+    def events(self) -> str:
+        """Stream of group completions."""
+        return self._k("events")
+
+    @property
+    def ready(self) -> str:
+        """List of accepted group ids waiting for a batch."""
+        return self._k("ready")
+
+    @property
+    def batches(self) -> str:
+        """Hash consumer id -> its unacknowledged batch JSON."""
+        return self._k("batches")
+
+    @property
+    def workers(self) -> str:
+        """Hash worker id -> worker record JSON (host, gpu, replica, boot id, slots)."""
+        return self._k("workers")
+
+    @property
+    def workers_seen(self) -> str:
+        """Sorted set worker id -> last time its supervisor reported alive."""
+        return self._k("workers_seen")
+
+    @property
+    def observations(self) -> str:
+        """Capped stream of histogram observations (episode_s, batch_interval_s, staleness)."""
+        return self._k("observations")
+
+    @property
+    def control(self) -> str:
+        """Hash of trainer requests to workers: weights_epoch, weights_path, weights_version."""
+        return self._k("control")
+
+    @property
+    def acks(self) -> str:
+        """Hash of worker answers: ``pause:<worker>`` -> epoch, ``weights:<worker>`` ->
+        ``<epoch> ok`` or ``<epoch> error: <why>``."""
+        return self._k("acks")
+
+    @property
+    def leader(self) -> str:
+        """Hash: the collector holding leadership, and until when."""
+        return self._k("leader")
+
+    @property
+    def shape(self) -> str:
+        """String (JSON): the settings every process of the farm must share, recorded
+        by the first one (see :mod:`queue_rollout.ledger.shape`)."""
+        return self._k("shape")
+
+    @property
+    def rq_queue(self) -> str:
+        """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
+        return f"qr-{self.farm}-episodes"
+
+
+def episode_field(group_id: str, member: int) -> str:
+    """Field of an episode's result in the results hash (as _lib.lua builds it)."""
+    return f"{group_id}/{member}"

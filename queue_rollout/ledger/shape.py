@@ -1,0 +1,53 @@
+"""The farm's shape: the settings every process of one farm must agree on.
+
+A worker with another ``rollout.group_size`` would run members the farm never asked
+for; one with another workflow or seed would produce episodes that do not match their
+group. The first process to reach a farm records these settings (``SET NX``, so two
+first processes cannot both win); every later one compares its own and refuses to
+start on a difference, naming each setting and both values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import redis
+
+from queue_rollout.config import Config
+from queue_rollout.errors import ConfigError
+from queue_rollout.ledger.connection import client_url, translate_errors
+from queue_rollout.ledger.keys import Keys
+
+
+def shape_of(config: Config) -> dict[str, object]:
+    """The settings of *config* that must match the farm's, by dotted key."""
+    return {"rollout.group_size": config.rollout.group_size,
+            "workflow.name": config.workflow.name,
+            "workflow.seed": config.workflow.seed}
+
+
+def check_shape(client: redis.Redis, config: Config) -> None:
+    """Record the farm's shape if none is recorded yet; else raise ConfigError if
+    *config* disagrees with it."""
+    key = Keys(config.farm.name).shape
+    mine = shape_of(config)
+    record = json.dumps({"shape": mine, "by": f"{socket.gethostname()}:{os.getpid()}",
+                         "at": time.time()})
+    with translate_errors(client_url(client)):
+        if client.set(key, record, nx=True):
+            return
+        raw = client.get(key)
+    if raw is None:  # deleted in between (a farm being cleared): nothing to hold to
+        return
+    farm = json.loads(raw)
+    theirs = farm.get("shape", {})
+    diffs = [f"{k} = {json.dumps(v)} here, {json.dumps(theirs.get(k))} in the farm"
+             for k, v in mine.items() if theirs.get(k) != v]
+    if diffs:
+        raise ConfigError(
+            f"farm {config.farm.name!r} runs another configuration: {'; '.join(diffs)} "
+            f"(recorded by {farm.get('by', '?')}); use the farm's settings or another "
+            "farm.name")

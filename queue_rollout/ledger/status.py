@@ -1,0 +1,82 @@
+"""``queue-rollout status``: one consistent snapshot of the farm's state."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from queue_rollout.config import Config
+from queue_rollout.ledger.connection import translate_errors
+from queue_rollout.ledger.keys import Keys
+
+
+def live_workers(client: redis.Redis, keys: Keys, *, now: float,
+                 stale_after: float) -> dict[str, dict[str, Any]]:
+    """Registered workers whose supervisor reported within *stale_after* seconds."""
+    seen = client.zrangebyscore(keys.workers_seen, now - stale_after, "+inf")
+    if not seen:
+        return {}
+    records = client.hmget(keys.workers, seen)
+    return {w.decode(): json.loads(r) for w, r in zip(seen, records, strict=True) if r is not None}
+
+
+def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
+                now: float | None = None) -> dict[str, Any]:
+    """One snapshot of the ledger, read in one transaction so its numbers agree."""
+    with translate_errors(redis_url):
+        return _farm_status(client, config, redis_url=redis_url, now=now)
+
+
+def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
+                 now: float | None) -> dict[str, Any]:
+    keys = Keys(config.farm.name)
+    workers = live_workers(client, keys, now=time.time() if now is None else now,
+                           stale_after=3 * config.timeouts.lease)
+    live_worker_slots = sum(int(w.get("slots", 0)) for w in workers.values())
+    pipe = client.pipeline(transaction=True)
+    pipe.hgetall(keys.counters)
+    pipe.hgetall(keys.state)
+    pipe.llen(keys.pending)
+    pipe.llen(keys.ready)
+    raw_counters, raw_state, pending, ready = pipe.execute()
+    c = {k.decode(): int(v) for k, v in raw_counters.items()}
+    state = {k.decode(): v.decode() for k, v in raw_state.items()}
+    r = config.rollout
+    capacity = live_worker_slots if r.max_concurrent_samples == "auto" else r.capacity_slots()
+    return {
+        "farm": config.farm.name,
+        "redis_url": redis_url,
+        "mode": r.mode,
+        "capacity": capacity,
+        "reserved": c.get("reserved", 0),
+        "active_episodes": c.get("running", 0),
+        "doubtful": c.get("doubtful", 0),
+        "version": int(state.get("version", 0)),
+        "paused": state.get("paused") == "1",
+        "budget_baseline": int(state.get("budget_baseline", 0)),
+        "groups": {
+            "pending": pending,
+            "in_flight": c.get("in_flight", 0),
+            "ready": ready,
+            "accepted": c.get("accepted", 0),
+            "rejected": c.get("rejected", 0),
+            "consumed": c.get("consumed", 0),
+        },
+        "workers": {"alive": len(workers), "slots": live_worker_slots},
+    }
+
+
+def format_status(s: dict[str, Any]) -> str:
+    g = s["groups"]
+    return "\n".join([
+        f"farm {s['farm']} at {s['redis_url']}  mode={s['mode']}  version={s['version']}"
+        + ("  PAUSED" if s["paused"] else ""),
+        f"slots     {s['reserved']}/{s['capacity']} reserved, {s['active_episodes']} running, "
+        f"{s['doubtful']} doubtful",
+        f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
+        f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed",
+        f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",
+    ])

@@ -1,0 +1,226 @@
+"""A farm in virtual time: the real ledger decides, simulated replicas generate.
+
+Every admission, start, finish, judgement and batch goes through the ledger's Lua
+scripts on a real Redis, with the ledger's clock set to the simulation's virtual
+time. Replicas follow the continuous-batching timing model of the simulated replica (a
+decode step takes ``step_ms + step_ms_per_request * running`` and yields one token per
+running request), advanced analytically from event to event, so a 128-slot farm of
+a thousand long episodes simulates in seconds. The trainer takes each ready batch,
+pauses generation in place for ``train_s`` (the fixed training interval), raises the
+policy version, and resumes; after ``train_batches`` batches the rest is drained
+(each batch acknowledged and the version raised, without a pause).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.virtual.clock import ManualClock
+
+_EPS = 1e-9
+
+
+@dataclass
+class _Running:
+    aid: str
+    group_id: str
+    member: int
+    length: int
+    left: float
+
+
+@dataclass
+class _Replica:
+    name: str
+    slots: int
+    step_ms: float
+    step_ms_per_request: float
+    running: dict[str, _Running] = field(default_factory=dict)
+
+    def step_s(self) -> float:
+        return (self.step_ms + self.step_ms_per_request * len(self.running)) / 1000.0
+
+    def next_completion(self) -> float:
+        if not self.running:
+            return math.inf
+        return min(r.left for r in self.running.values()) * self.step_s()
+
+    def advance(self, dt: float) -> list[_Running]:
+        """Generate for *dt* seconds; return the requests that completed."""
+        if not self.running or dt <= 0:
+            return []
+        tokens = dt / self.step_s()
+        done = []
+        for r in list(self.running.values()):
+            r.left -= tokens
+            if r.left <= 1e-6:
+                done.append(self.running.pop(r.aid))
+        return done
+
+
+@dataclass
+class SimReport:
+    mode: str
+    slots: int
+    groups_accepted: int
+    groups_rejected: int
+    batches: int
+    ready_times: list[float]
+    pause_ends: list[float]
+    all_work_s: float
+    mean_active: float
+    output_tokens: int
+
+    @property
+    def rollout_intervals(self) -> list[float]:
+        """Batch k (k = 2..): from the end of batch k-1's pause to batch k ready."""
+        return [self.ready_times[k] - self.pause_ends[k - 1]
+                for k in range(1, min(len(self.ready_times), len(self.pause_ends) + 1))]
+
+    @property
+    def mean_rollout_interval(self) -> float:
+        iv = self.rollout_intervals
+        return sum(iv) / len(iv) if iv else math.nan
+
+    @property
+    def slot_occupancy(self) -> float:
+        return self.mean_active / self.slots
+
+
+class SimFarm:
+    """Runs one admission mode over a prompt manifest to the end; see :meth:`run`."""
+
+    def __init__(
+        self, ledger: Ledger, clock: ManualClock, lengths: dict[str, list[int]], *,
+        replicas: int, slots_per_replica: int, step_ms: float, step_ms_per_request: float,
+        train_s: float, train_batches: int, capacity_slots: int | None = None,
+        on_progress: Callable[[SimFarm], None] | None = None,
+    ) -> None:
+        self.ledger, self.clock, self.lengths = ledger, clock, lengths
+        self.replicas = [_Replica(f"sim-{i}", slots_per_replica, step_ms, step_ms_per_request)
+                         for i in range(replicas)]
+        self.slots = replicas * slots_per_replica
+        self.capacity_slots = capacity_slots
+        self.train_s, self.train_batches = train_s, train_batches
+        self.on_progress = on_progress
+        self.waiting: deque[str] = deque()  # admitted attempts not yet on a replica
+        self.done_groups = 0
+        self.accepted = self.rejected = 0
+        self.ready_times: list[float] = []
+        self.pause_ends: list[float] = []
+        self.output_tokens = 0
+        self._active_area = 0.0
+        self._gen_time = 0.0
+        self._training_until: float | None = None
+        self._held: str | None = None  # batch id being trained on
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock.now - self._t0
+
+    def run(self) -> SimReport:
+        ledger = self.ledger
+        self._t0 = self.clock.now
+        ledger.submit((gid, b"{}") for gid in self.lengths)
+        last_complete = self.clock.now
+        while self.done_groups < len(self.lengths):
+            self._admit_and_place()
+            dt = min(r.next_completion() for r in self.replicas)
+            if self._training_until is not None:
+                dt = self._training_until - self.clock.now
+            elif math.isinf(dt):
+                raise RuntimeError(
+                    f"simulation stalled at {self.elapsed:.1f}s: nothing runs, nothing admitted")
+            finished = self._advance(dt)
+            if self._training_until is not None and self.clock.now >= self._training_until - _EPS:
+                self._end_training()
+            for r in finished:
+                if self._finish(r):
+                    last_complete = self.clock.now
+            self._deliver()
+            if self.on_progress:
+                self.on_progress(self)
+        return SimReport(
+            mode=ledger.rollout.mode, slots=self.slots, groups_accepted=self.accepted,
+            groups_rejected=self.rejected, batches=len(self.ready_times),
+            ready_times=[t - self._t0 for t in self.ready_times],
+            pause_ends=[t - self._t0 for t in self.pause_ends],
+            all_work_s=last_complete - self._t0,
+            mean_active=self._active_area / self._gen_time if self._gen_time else 0.0,
+            output_tokens=self.output_tokens,
+        )
+
+    def _admit_and_place(self) -> None:
+        while True:
+            admission = self.ledger.admit(self.capacity_slots)
+            if admission.status != "admitted":
+                break
+            self.waiting.extend(admission.attempt_ids)
+        while self.waiting and self._training_until is None:
+            replica = min(self.replicas, key=lambda r: len(r.running))
+            if len(replica.running) >= replica.slots:
+                break
+            aid = self.waiting.popleft()
+            start = self.ledger.start(aid, replica.name, replica.name, "sim-boot", 3600)
+            if start.status != "started":
+                raise RuntimeError(f"start {aid}: {start.reason}")
+            length = self.lengths[start.group_id][start.member]
+            replica.running[aid] = _Running(aid, start.group_id, start.member, length,
+                                            float(length))
+
+    def _advance(self, dt: float) -> list[_Running]:
+        finished: list[_Running] = []
+        if self._training_until is None:
+            running = sum(len(r.running) for r in self.replicas)
+            self._active_area += running * dt
+            self._gen_time += dt
+            for replica in self.replicas:
+                finished += replica.advance(dt)
+        self.clock.now += dt
+        return finished
+
+    def _finish(self, r: _Running) -> bool:
+        answer = self.ledger.finish(r.aid, r.member, b"{}", output_tokens=r.length)
+        if answer.status != "recorded":
+            raise RuntimeError(f"finish {r.aid}: {answer.detail}")
+        self.output_tokens += r.length
+        if answer.detail != "group_complete":
+            return False
+        verdict = self.ledger.judge(r.group_id, accept=True)
+        self.accepted += verdict.status == "accepted"
+        self.done_groups += 1
+        return True
+
+    def _deliver(self) -> None:
+        if self._training_until is not None:
+            return
+        while (delivery := self.ledger.pop_batch("trainer")) is not None:
+            self.ready_times.append(self.clock.now)
+            if len(self.ready_times) <= self.train_batches:
+                self._held = delivery.batch.id
+                self._training_until = self.clock.now + self.train_s
+                self.ledger.set_paused(True)
+                return
+            # the drain: consumed without a pause, the version still raised (the budget grows)
+            self.ledger.ack("trainer", delivery.batch.id)
+            self.ledger.set_version(self.ledger.version() + 1)
+
+    def _end_training(self) -> None:
+        assert self._held is not None
+        self.ledger.ack("trainer", self._held)
+        self.ledger.set_version(self.ledger.version() + 1)
+        self.ledger.set_paused(False)
+        self.pause_ends.append(self.clock.now)
+        self._training_until = None
+        self._held = None
+
+
+def long_tail_lengths(prompts: int, group_size: int, short: int = 1024,
+                      long: int = 16384) -> dict[str, list[int]]:
+    """Per group: G-1 short episodes and one long one, its position rotating by prompt."""
+    return {f"lt-{i:04d}": [long if m == i % group_size else short for m in range(group_size)]
+            for i in range(prompts)}

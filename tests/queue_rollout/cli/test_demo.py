@@ -1,0 +1,67 @@
+"""The demo and its virtual-time farm: the real ledger decides, the model is calibrated."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from queue_rollout.cli.demo_virtual import run_demo
+from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.virtual.clock import ManualClock
+from queue_rollout.virtual.farm import SimFarm, long_tail_lengths
+
+
+def simulate(r, farm: str, rollout: RolloutConfig, prompts: int, batches: int = 6):
+    clock = ManualClock()
+    ledger = Ledger(r, farm, rollout, clock=clock)
+    sim = SimFarm(ledger, clock, long_tail_lengths(prompts, rollout.group_size), replicas=8,
+                  slots_per_replica=16, step_ms=4.5, step_ms_per_request=0.2, train_s=10.0,
+                  train_batches=batches, capacity_slots=128)
+    return ledger, sim.run()
+
+
+def test_reference_long_tail_shape_in_both_modes(r):
+    group_ledger, group = simulate(r, "g", RolloutConfig(), 128)
+    sample_ledger, sample = simulate(r, "s", RolloutConfig(max_concurrent_samples=128), 128)
+    # the timing model is calibrated so that group admission takes about 725 s (DESIGN 8)
+    assert group.all_work_s == pytest.approx(725, rel=0.01)
+    assert group.output_tokens == sample.output_tokens == 3_014_656
+    assert group.groups_accepted == sample.groups_accepted == 128
+    assert group.batches == sample.batches == 8
+    assert sample.all_work_s < group.all_work_s * 0.8
+    assert sample.mean_rollout_interval < group.mean_rollout_interval * 0.6
+    assert sample.mean_active > group.mean_active
+    for ledger in (group_ledger, sample_ledger):
+        assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
+        c = ledger.counters()
+        assert (c["reserved"], c["in_flight"], c["consumed"]) == (0, 0, 128)
+
+
+def test_the_virtual_demo_prints_progress_and_a_summary(redis_url):
+    out = io.StringIO()
+    config = Config()
+    assert run_demo(config, prompts=32, batches=1, out=out) == 0
+    text = out.getvalue()
+    assert "sample refill    [##############################]   32/32 groups" in text
+    assert "groups accepted                               32            32" in text
+    assert "all-work completion (s)" in text and "slot occupancy" in text
+
+
+def test_the_stack_demo_runs_both_modes_through_real_processes():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+    done = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "sample [" in out and "groups consumed" in out  # progress lines
+    assert "groups accepted                        32             32" in out
+    assert "batches                                 8              8" in out
+    for row in ("mean rollout interval (s)", "mean active episodes", "slot occupancy"):
+        assert row in out

@@ -1,0 +1,186 @@
+"""RolloutClient and `consume`: whole batches, redelivery, the staleness mask."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from queue_rollout import RolloutClient
+from queue_rollout.cli.main import main
+from queue_rollout.collector.loop import Collector
+from queue_rollout.config import load_config
+from queue_rollout.errors import BadInput, BarrierTimeout
+from queue_rollout.results import EpisodeResult, encode_result
+
+
+@pytest.fixture
+def farm_toml(tmp_path, redis_url):
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "tc"\nredis_url = "{redis_url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
+    return path
+
+
+def finish_all(client: RolloutClient, versions=((0, 3),)) -> None:
+    """Play the workers: every queued attempt runs and produces 3 tokens."""
+    ledger = client.ledger
+    for raw in ledger.client.hkeys(ledger.keys.attempts):
+        aid = raw.decode()
+        a = ledger.attempt(aid)
+        if a.state != "queued":
+            continue
+        ledger.start(aid, "w", "r", "b", 30)
+        result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
+                               version_runs=list(versions), finish_reason="length",
+                               reward=float(a.m))
+        ledger.finish(aid, a.m, encode_result(result), output_tokens=3)
+
+
+def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
+    client = RolloutClient.from_config(farm_toml, consumer="t0")
+    assert client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(3)]) == 3
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    with pytest.raises(BarrierTimeout):
+        client.get_batch(timeout=0.1)
+    finish_all(client)
+    collector.step()
+    batch = client.get_batch(timeout=5)
+    assert len(batch.groups) == 2 and not batch.redelivered
+    member = batch.groups[0].members[1]
+    assert (member.output_ids, member.reward, member.versions) == ([7, 8, 9], 1.0, [0, 0, 0])
+    again = RolloutClient.from_config(farm_toml, consumer="t0").get_batch(timeout=1)
+    assert again.redelivered and again.id == batch.id  # a restarted trainer
+    client.ack(batch)
+    with pytest.raises(BadInput):
+        client.ack(batch)
+
+
+def test_stale_token_mask(farm_toml):
+    client = RolloutClient.from_config(farm_toml)
+    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(2)])
+    Collector(client.ledger, client.config, name="c").step()
+    finish_all(client, versions=((0, 1), (2, 2)))
+    Collector(client.ledger, client.config, name="c").step()
+    batch = client.get_batch(timeout=5)
+    assert batch.stale_token_mask(current_version=3, max_staleness=1)[0][0] == [False, True, True]
+    assert batch.stale_token_mask(current_version=3, max_staleness=3)[0][0] == [True] * 3
+
+
+def test_submit_refuses_bad_and_duplicate_prompts_whole(farm_toml):
+    client = RolloutClient.from_config(farm_toml)
+    with pytest.raises(BadInput, match="prompt #1"):
+        client.submit([{"id": "a", "prompt": "x"}, {"id": "b"}])
+    with pytest.raises(BadInput, match="duplicate id 'a'"):
+        client.submit([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
+    client.submit([{"id": "a", "prompt": "x"}])
+    with pytest.raises(BadInput, match=r"1 id already known to the farm: 'a' \(prompt #1\)"):
+        client.submit([{"id": "b", "prompt": "x"}, {"id": "a", "prompt": "x"}])
+    assert client.status()["groups"]["pending"] == 1
+
+
+def test_consume_json_lines_and_version_bump(farm_toml, capsys):
+    client = RolloutClient.from_config(farm_toml)
+    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(4)])
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    finish_all(client)
+    collector.step()
+    assert main(["consume", "--batches", "2", "--json", "-c", str(farm_toml)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(b["batch"], b["version"], len(b["groups"])) for b in lines] == [(1, 0, 2), (2, 1, 2)]
+    assert lines[0]["groups"][0]["members"][0] == {
+        "member": 0, "output_tokens": 3, "reward": 0.0, "finish_reason": "length",
+        "versions": [0]}
+    assert client.version() == 2
+    assert main(["consume", "--batches", "1", "--timeout", "0.2", "-c", str(farm_toml)]) == 3
+    assert main(["set-version", "7", "-c", str(farm_toml)]) == 0
+    assert load_config(farm_toml).farm.name == "tc" and client.version() == 7
+
+
+@pytest.fixture
+def used_farm(farm_toml) -> RolloutClient:
+    """A farm with history: 'a' and 'b' consumed (prompts purged), 'd' pending."""
+    client = RolloutClient.from_config(farm_toml)
+    client.submit([{"id": i, "prompt": "x"} for i in "ab"])
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    finish_all(client)
+    collector.step()
+    client.ack(client.get_batch(timeout=5))
+    client.submit([{"id": "d", "prompt": "x"}])
+    groups = client.status()["groups"]
+    assert (groups["consumed"], groups["pending"]) == (2, 1)
+    assert not client.ledger.client.hexists(client.ledger.keys.prompts, "a")
+    return client
+
+
+def lengths(value: object) -> list[dict]:
+    return [{"id": "n0", "prompt": "x"}, {"id": "n1", "prompt": "x", "member_lengths": value}]
+
+
+@pytest.mark.parametrize("prompts,message", [
+    ([{"id": "n0", "prompt": "x"}, {"id": "n0", "prompt": "y"}],
+     "prompt #1: duplicate id 'n0' (first as prompt #0)"),
+    ([{"id": "n0", "prompt": "x"}, {"id": "a", "prompt": "x"}, {"id": "d", "prompt": "x"}],
+     "nothing submitted: 2 ids already known to the farm: 'a' (prompt #1), 'd' (prompt #2)"),
+    (lengths([1, 2, 3]), "prompt #1: prompt 'n1': `member_lengths` must hold "
+                         "rollout.group_size = 2 ints"),
+    (lengths((1, 2)), "prompt #1: prompt 'n1': `member_lengths` must hold "
+                      "rollout.group_size = 2 ints"),
+    (lengths([1, 0]), "prompt #1: prompt 'n1': `member_lengths` entries must be ints > 0"),
+    (lengths([-3, 1]), "prompt #1: prompt 'n1': `member_lengths` entries must be ints > 0"),
+    (lengths([True, 1]), "prompt #1: prompt 'n1': `member_lengths` entries must be ints > 0"),
+    ([{"id": "n0"}], "prompt #0: prompt 'n0' needs exactly one of `prompt` or `input_ids`"),
+    ([{"id": "n0", "prompt": "x" * (1 << 20)}],
+     "prompt #0: prompt 'n0' is 1048599 bytes, over limits.max_prompt_bytes = 1048576"),
+    ([{"id": "n0", "prompt": "x", "weight": float("inf")}],
+     "prompt #0: prompt 'n0' is not JSON: NaN and infinities are not JSON"),
+    ([{"id": "n0", "prompt": "x", "tags": {"t"}}],
+     "prompt #0: prompt 'n0' is not JSON: Object of type set is not JSON serializable"),
+    ([{"id": "n0", "prompt": "x", "scores": {("a", 1): 0.5}}],
+     "prompt #0: prompt 'n0' is not JSON: keys must be str, int, float, bool or None, not tuple"),
+    ([{"id": "n\udc80", "prompt": "x"}],
+     "prompt #0: prompt 'n\\udc80' is not JSON: a lone surrogate (\\ud800-\\udfff) is not "
+     "Unicode text"),
+])
+def test_bad_submissions_are_refused_whole_and_change_nothing(used_farm, redis_snapshot,
+                                                              prompts, message):
+    before = redis_snapshot()
+    with pytest.raises(BadInput) as info:
+        used_farm.submit(prompts)
+    assert str(info.value) == message
+    assert redis_snapshot() == before
+    assert used_farm.submit([{"id": "n0", "prompt": "x"}]) == 1  # the farm still takes prompts
+    assert redis_snapshot() != before
+
+
+def test_every_trainer_call_raises_redis_unavailable_when_redis_is_gone(tmp_path):
+    """The client is the trainer's boundary: a dead Redis is RedisUnavailable (with the
+    URL masked), never one of redis-py's own errors."""
+    from queue_rollout.errors import RedisUnavailable
+    from queue_rollout.ledger.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis", write_url=False)
+    url = server.start()
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "gone"\nredis_url = "{url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 1\n[timeouts]\npause_barrier = 1\n")
+    client = RolloutClient.from_config(toml)
+    server.stop()
+    calls = {"status": client.status, "version": client.version,
+             "set_version": lambda: client.set_version(3), "pause": client.pause,
+             "resume": client.resume, "update_weights": lambda: client.update_weights("/w", 2),
+             "group": lambda: client.ledger.group("g"),
+             "attempt": lambda: client.ledger.attempt("a"),
+             "result": lambda: client.ledger.result("g", 0),
+             "get_batch": lambda: client.get_batch(timeout=0.5)}
+    for name, call in calls.items():
+        with pytest.raises((RedisUnavailable, BarrierTimeout)) as err:
+            call()
+        if name == "get_batch":  # polls through an outage until its timeout
+            assert isinstance(err.value, BarrierTimeout), name
+        else:
+            assert isinstance(err.value, RedisUnavailable), name
+            assert "Redis unreachable at redis://127.0.0.1:" in str(err.value), name

@@ -1,0 +1,101 @@
+"""The simulated replica's timing model, driven by a hand-moved clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from queue_rollout.engines.sim_model import DuplicateRid, SimModel, SimRequest
+
+
+def model(slots: int = 4) -> SimModel:
+    return SimModel(slots=slots, step_ms=4.5, step_ms_per_request=0.2)
+
+
+def request(rid: str, target: int, ended: dict[str, tuple[int, str]]) -> SimRequest:
+    return SimRequest(rid, seed=1, target=target, weight_version="v0",
+                      on_done=lambda r, reason: ended.__setitem__(
+                          r.rid, (r.tokens, reason["type"])))
+
+
+def test_one_request_takes_target_times_step():
+    ended: dict = {}
+    m = model()
+    m.submit(request("a", 100, ended))
+    m.advance(100 * 0.0047 - 0.001)
+    assert "a" not in ended
+    m.advance(100 * 0.0047 + 0.001)
+    assert ended["a"] == (100, "length")
+
+
+def test_step_time_grows_with_running_requests_and_completions_are_exact():
+    ended: dict = {}
+    m = model()
+    m.submit(request("short", 10, ended))
+    m.submit(request("long", 20, ended))
+    # two running: step 4.9 ms; short ends at 49 ms; then long alone at 4.7 ms/step
+    m.advance(0.049 + 1e-9)
+    assert ended == {"short": (10, "length")}
+    m.advance(0.049 + 10 * 0.0047 + 1e-9)
+    assert ended["long"] == (20, "length")
+
+
+def test_slots_limit_running_requests_and_the_rest_wait_in_order():
+    ended: dict = {}
+    m = model(slots=2)
+    for rid in ("a", "b", "c"):
+        m.submit(request(rid, 10, ended))
+    assert set(m.running) == {"a", "b"} and [r.rid for r in m.waiting] == ["c"]
+    m.advance(10 * 0.0049 + 1e-9)
+    assert set(m.running) == {"c"} and m.running["c"].started == pytest.approx(0.049)
+
+
+def test_abort_returns_tokens_so_far_and_tells_waiting_from_running():
+    ended: dict = {}
+    m = model(slots=1)
+    m.submit(request("run", 1000, ended))
+    m.submit(request("wait", 1000, ended))
+    m.advance(50 * 0.0047)
+    assert m.abort("run") == 1
+    assert ended["run"] == (50, "abort")
+    assert m.log[-1]["finish"] == "abort"
+    m.abort("wa")  # SGLang matches rids by prefix
+    assert ended["wait"][1] == "abort"
+
+
+def test_pause_in_place_freezes_progress_and_resume_continues():
+    ended: dict = {}
+    m = model()
+    m.submit(request("a", 100, ended))
+    m.advance(0.1)
+    m.pause("in_place")
+    m.advance(100.0)
+    assert "a" not in ended and m.next_event() == float("inf")
+    m.resume()
+    m.advance(100.0 + 100 * 0.0047)
+    assert ended["a"] == (100, "length")
+
+
+def test_pause_abort_ends_everything_and_holds_new_work():
+    ended: dict = {}
+    m = model(slots=1)
+    m.submit(request("a", 100, ended))
+    m.submit(request("b", 100, ended))
+    m.pause("abort")
+    assert {k: v[1] for k, v in ended.items()} == {"a": "abort", "b": "abort"}
+    m.submit(request("c", 10, ended))
+    m.advance(10.0)
+    assert "c" not in ended  # waits until resumed
+    m.resume()
+    m.advance(10.0 + 10 * 0.0047 + 1e-9)
+    assert ended["c"] == (10, "length")
+
+
+def test_an_rid_in_flight_is_refused_and_free_again_once_ended():
+    ended: dict = {}
+    m = model()
+    m.submit(request("a", 10, ended))
+    with pytest.raises(DuplicateRid):
+        m.submit(request("a", 10, ended))
+    m.abort("a")
+    m.submit(request("a", 0, ended))  # the probe: max_new_tokens 0 ends at once
+    assert ended["a"] == (0, "length")

@@ -1,0 +1,80 @@
+"""A process whose config disagrees with the farm's (group size, workflow) is refused
+at start, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from queue_rollout.config import decode_config
+from queue_rollout.errors import ConfigError
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.shape import check_shape
+from queue_rollout.procs import cli_exe
+
+
+def farm_toml(redis_url: str, extra: str = "", group_size: int = 4) -> str:
+    return (f'[farm]\nname = "s"\nredis_url = "{redis_url}"\n'
+            f"[rollout]\ngroup_size = {group_size}\nbatch_size = 2\n{extra}")
+
+
+def test_the_first_process_records_the_shape_and_a_match_passes(r, redis_url):
+    config = decode_config(farm_toml(redis_url))
+    Ledger.from_config(r, config)
+    record = json.loads(r.get(Keys("s").shape))
+    assert record["shape"] == {"rollout.group_size": 4, "workflow.name": "controlled_length",
+                               "workflow.seed": 0}
+    Ledger.from_config(r, decode_config(farm_toml(redis_url, "max_staleness = 5\n")))
+    assert json.loads(r.get(Keys("s").shape)) == record  # not rewritten
+
+
+@pytest.mark.parametrize("toml, message", [
+    (farm_toml("URL", group_size=8),
+     "rollout.group_size = 8 here, 4 in the farm"),
+    (farm_toml("URL", '[workflow]\nname = "noop"\n'),
+     'workflow.name = "noop" here, "controlled_length" in the farm'),
+    (farm_toml("URL", "[workflow]\nseed = 3\n"),
+     "workflow.seed = 3 here, 0 in the farm"),
+])
+def test_a_config_that_disagrees_is_refused_and_changes_nothing(r, redis_url, redis_snapshot,
+                                                                toml, message):
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    before = redis_snapshot()
+    with pytest.raises(ConfigError) as err:
+        check_shape(r, decode_config(toml.replace("URL", redis_url)))
+    assert message in str(err.value) and "farm 's' runs another configuration" in str(err.value)
+    assert redis_snapshot() == before
+
+
+def test_a_worker_with_another_group_size_is_refused_at_start(r, redis_url, redis_snapshot,
+                                                               tmp_path: Path):
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    before = redis_snapshot()
+    path = tmp_path / "worker.toml"
+    path.write_text(farm_toml(redis_url, group_size=2))
+    # no replica listens on the engine URL: the refusal comes before the worker waits
+    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
+                           "http://127.0.0.1:9", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "rollout.group_size = 2 here, 4 in the farm" in done.stderr
+    assert redis_snapshot() == before  # not registered, nothing written
+
+
+@pytest.mark.parametrize("argv", [["collector"], ["node", "--gpus", "0"],
+                                  ["consume", "--batches", "1", "--timeout", "1"]])
+def test_the_collector_node_and_trainer_commands_refuse_another_workflow(
+        r, redis_url, redis_snapshot, tmp_path: Path, argv):
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    before = redis_snapshot()
+    path = tmp_path / "other.toml"
+    path.write_text(farm_toml(redis_url, '[workflow]\nname = "noop"\n'))
+    done = subprocess.run([cli_exe(), *argv, "-c", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert 'workflow.name = "noop" here, "controlled_length" in the farm' in done.stderr
+    assert redis_snapshot() == before
