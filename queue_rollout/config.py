@@ -8,6 +8,7 @@ message names the key, e.g. ``rollout.group_size: Expected `int` >= 1``.
 from __future__ import annotations
 
 import difflib
+import importlib
 import math
 import os
 import re
@@ -28,6 +29,27 @@ Port = Annotated[int, msgspec.Meta(gt=0, le=65535)]
 GroupSize = Annotated[int, msgspec.Meta(gt=0, le=1024)]
 FarmName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 PluginRef = Annotated[str, msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+
+
+#: The workflows built into the workers (queue_rollout.workers.workflows); any other
+#: ``workflow.name`` is a plugin, ``package.module:factory``.
+BUILT_IN_WORKFLOWS = ("controlled_length", "math", "noop")
+
+
+def load_reference(ref: str, key: str) -> object:
+    """The callable ``package.module:name`` refers to; ConfigError naming *key* when it
+    cannot be imported or is not callable. Plugins (workflow factories, acceptance
+    rules) are loaded through here when a config is loaded, and again where they run."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{key}: {ref!r} is not package.module:name")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # ImportError, AttributeError, or the module's own error
+        raise ConfigError(f"{key}: cannot load {ref!r}: {type(exc).__name__}: {exc}") from None
+    if not callable(target):
+        raise ConfigError(f"{key}: {ref!r} is not callable")
+    return target
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -184,6 +206,18 @@ def _name_the_key(message: str) -> str:
 
 
 def _check(config: Config, source: str) -> Config:
+    name = config.workflow.name
+    try:
+        if name not in BUILT_IN_WORKFLOWS:
+            if ":" not in name:
+                raise ConfigError(f"workflow.name: {name!r} is neither a built-in "
+                                  f"({', '.join(BUILT_IN_WORKFLOWS)}) nor "
+                                  "package.module:factory")
+            load_reference(name, "workflow.name")
+        if config.acceptance.plugin:
+            load_reference(config.acceptance.plugin, "acceptance.plugin")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     r = config.rollout
     if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:
         raise ConfigError(

@@ -3,7 +3,8 @@
 The collector's reconciler only *marks* doubt; the replica usually listens on its
 node's loopback, so the worker bound to it settles its doubtful attempts: a changed
 boot id proves the attempt's request died with the old process (``replica_restart``);
-otherwise the rid is aborted and then probed with ``max_new_tokens = 0``, and a probe
+otherwise (and always when the replica has no known boot id, as a plain SGLang server
+started by hand) the rid is aborted and then probed with ``max_new_tokens = 0``, and a probe
 that is not refused as a duplicate proves the request is gone. Either way the attempt
 is retried with the same seed. An attempt of the current boot doubtful for less than
 ``min_age`` seconds is left alone, so a worker that is alive can still report it
@@ -37,7 +38,7 @@ def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_
         if (attempt is None or attempt.worker != worker_id or attempt.replica != client.url
                 or (attempt.boot == boot_id and now - since < min_age)):
             continue
-        if attempt.boot != boot_id:
+        if boot_id and attempt.boot and attempt.boot != boot_id:
             answer = ledger.retry(aid, cause="replica_restart")
             outcome[aid] = f"replica restarted: {answer.status}"
         else:

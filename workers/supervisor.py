@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import PAUSE_MODES, EngineError, PauseMode, SGLangClient
-from queue_rollout.errors import ConfigError, RedisUnavailable
+from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
@@ -83,11 +83,18 @@ class Supervisor:
             time.sleep(1.0)
         reported = str(self.client.server_info().get("boot_id") or "")
         self._reports_boot = bool(reported)
+        given = bool(self.boot_id)
         if not self.boot_id:
             self.boot_id = reported
+        log.info("worker %s: %s", self.worker_id, self.confirmation(given))
+
+    def confirmation(self, given: bool) -> str:
+        """How this worker confirms that a doubtful attempt's request has stopped."""
         if not self.boot_id:
-            raise ConfigError("the replica reports no boot id (SGLang has none): pass "
-                              "--boot-id, as `queue-rollout node` does for each replica start")
+            return ("the replica reports no boot id and none was given (--boot-id): a stop "
+                    "is confirmed by abort-then-probe alone")
+        return (f"replica boot id {self.boot_id} ({'given' if given else 'reported'}): a "
+                "restart under another boot id confirms a stop at once, else abort-then-probe")
 
     def register(self, redis: Redis) -> None:
         record = {"host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
@@ -126,7 +133,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         print(f"worker {self.worker_id}: {self.config.engine.slots_per_replica} episode slots in "
               f"{len(self.children)} processes on "
-              f"{self.engine_url} (boot {self.boot_id})", flush=True)
+              f"{self.engine_url} (boot {self.boot_id or 'unknown'})", flush=True)
         next_resolve = next_health = 0.0
         try:
             while not self._stop:

@@ -16,14 +16,13 @@ object with ``run(ctx) -> float | None``.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from queue_rollout.config import Config
+from queue_rollout.config import Config, load_reference
 from queue_rollout.engines.sglang import Generation
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
@@ -165,14 +164,10 @@ def load_workflow(config: Config) -> Workflow:
     name = config.workflow.name
     if name in BUILT_IN:
         return BUILT_IN[name](config)
-    module_name, _, attr = name.partition(":")
-    if not attr:
+    if ":" not in name:
         raise ConfigError(f"workflow.name: {name!r} is neither a built-in "
                           f"({', '.join(BUILT_IN)}) nor package.module:factory")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"workflow.name: cannot load {name!r}: {exc}") from None
+    factory = typing.cast(Callable[[Config], object], load_reference(name, "workflow.name"))
     workflow = factory(config)
     if not callable(getattr(workflow, "run", None)):
         raise ConfigError(f"workflow.name: {name!r} returned an object without run(ctx)")

@@ -10,14 +10,12 @@ to reject.
 
 from __future__ import annotations
 
-import importlib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from queue_rollout.config import AcceptanceConfig
-from queue_rollout.errors import ConfigError
+from queue_rollout.config import AcceptanceConfig, load_reference
 from queue_rollout.results import EpisodeResult
 
 
@@ -40,14 +38,7 @@ Plugin = Callable[[GroupView], "bool | str"]
 def load_plugin(ref: str) -> Plugin | None:
     if not ref:
         return None
-    module_name, _, attr = ref.partition(":")
-    try:
-        plugin = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"acceptance.plugin: cannot load {ref!r}: {exc}") from None
-    if not callable(plugin):
-        raise ConfigError(f"acceptance.plugin: {ref!r} is not callable")
-    return typing.cast(Plugin, plugin)
+    return typing.cast(Plugin, load_reference(ref, "acceptance.plugin"))
 
 
 def verdict(group: GroupView, rules: AcceptanceConfig, plugin: Plugin | None) -> tuple[str, str]:

@@ -2,10 +2,10 @@
 
 Every admission, start, finish, judgement and batch goes through the ledger's Lua
 scripts on a real Redis, with the ledger's clock set to the simulation's virtual
-time. Replicas follow the continuous-batching timing model of the simulated replica (a
-decode step takes ``step_ms + step_ms_per_request * running`` and yields one token per
-running request), advanced analytically from event to event, so a 128-slot farm of
-a thousand long episodes simulates in seconds. The trainer takes each ready batch,
+time. Replicas are the simulated replica's own model
+(:class:`~queue_rollout.engines.sim_model.SimModel`, the one ``queue-rollout
+sim-engine`` serves in real time), advanced analytically from event to event, so a
+128-slot farm of a thousand long episodes simulates in seconds. The trainer takes each ready batch,
 pauses generation in place for ``train_s`` (the fixed training interval), raises the
 policy version, and resumes; after ``train_batches`` batches the rest is drained
 (each batch acknowledged and the version raised, without a pause).
@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from queue_rollout.engines.sim_model import SimModel, SimRequest
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.virtual.clock import ManualClock
 
@@ -25,41 +26,10 @@ _EPS = 1e-9
 
 
 @dataclass
-class _Running:
-    aid: str
+class _Placed:
     group_id: str
     member: int
     length: int
-    left: float
-
-
-@dataclass
-class _Replica:
-    name: str
-    slots: int
-    step_ms: float
-    step_ms_per_request: float
-    running: dict[str, _Running] = field(default_factory=dict)
-
-    def step_s(self) -> float:
-        return (self.step_ms + self.step_ms_per_request * len(self.running)) / 1000.0
-
-    def next_completion(self) -> float:
-        if not self.running:
-            return math.inf
-        return min(r.left for r in self.running.values()) * self.step_s()
-
-    def advance(self, dt: float) -> list[_Running]:
-        """Generate for *dt* seconds; return the requests that completed."""
-        if not self.running or dt <= 0:
-            return []
-        tokens = dt / self.step_s()
-        done = []
-        for r in list(self.running.values()):
-            r.left -= tokens
-            if r.left <= 1e-6:
-                done.append(self.running.pop(r.aid))
-        return done
 
 
 @dataclass
@@ -101,8 +71,11 @@ class SimFarm:
         on_progress: Callable[[SimFarm], None] | None = None,
     ) -> None:
         self.ledger, self.clock, self.lengths = ledger, clock, lengths
-        self.replicas = [_Replica(f"sim-{i}", slots_per_replica, step_ms, step_ms_per_request)
-                         for i in range(replicas)]
+        self.replicas = [SimModel(slots=slots_per_replica, step_ms=step_ms,
+                                  step_ms_per_request=step_ms_per_request, now=clock.now)
+                         for _ in range(replicas)]
+        self._placed: dict[str, _Placed] = {}  # attempt id -> what runs on a replica
+        self._completed: list[str] = []  # attempt ids whose request completed
         self.slots = replicas * slots_per_replica
         self.capacity_slots = capacity_slots
         self.train_s, self.train_batches = train_s, train_batches
@@ -129,7 +102,7 @@ class SimFarm:
         last_complete = self.clock.now
         while self.done_groups < len(self.lengths):
             self._admit_and_place()
-            dt = min(r.next_completion() for r in self.replicas)
+            dt = min(r.next_event() for r in self.replicas) - self.clock.now
             if self._training_until is not None:
                 dt = self._training_until - self.clock.now
             elif math.isinf(dt):
@@ -161,32 +134,39 @@ class SimFarm:
                 break
             self.waiting.extend(admission.attempt_ids)
         while self.waiting and self._training_until is None:
-            replica = min(self.replicas, key=lambda r: len(r.running))
+            i, replica = min(enumerate(self.replicas), key=lambda ir: len(ir[1].running))
             if len(replica.running) >= replica.slots:
                 break
             aid = self.waiting.popleft()
-            start = self.ledger.start(aid, replica.name, replica.name, "sim-boot", 3600)
+            start = self.ledger.start(aid, f"sim-{i}", f"sim-{i}", "sim-boot", 3600)
             if start.status != "started":
                 raise RuntimeError(f"start {aid}: {start.reason}")
             length = self.lengths[start.group_id][start.member]
-            replica.running[aid] = _Running(aid, start.group_id, start.member, length,
-                                            float(length))
+            self._placed[aid] = _Placed(start.group_id, start.member, length)
+            replica.submit(SimRequest(aid, seed=0, target=length, weight_version="",
+                                      on_done=self._on_done))
 
-    def _advance(self, dt: float) -> list[_Running]:
-        finished: list[_Running] = []
+    def _on_done(self, request: SimRequest, reason: dict[str, object]) -> None:
+        self._completed.append(request.rid)
+
+    def _advance(self, dt: float) -> list[str]:
+        """Move every replica (and the clock) *dt* seconds on; the attempts that
+        completed meanwhile, in order."""
         if self._training_until is None:
             running = sum(len(r.running) for r in self.replicas)
             self._active_area += running * dt
             self._gen_time += dt
-            for replica in self.replicas:
-                finished += replica.advance(dt)
         self.clock.now += dt
+        for replica in self.replicas:
+            replica.advance(self.clock.now)
+        finished, self._completed = self._completed, []
         return finished
 
-    def _finish(self, r: _Running) -> bool:
-        answer = self.ledger.finish(r.aid, r.member, b"{}", output_tokens=r.length)
+    def _finish(self, aid: str) -> bool:
+        r = self._placed.pop(aid)
+        answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=r.length)
         if answer.status != "recorded":
-            raise RuntimeError(f"finish {r.aid}: {answer.detail}")
+            raise RuntimeError(f"finish {aid}: {answer.detail}")
         self.output_tokens += r.length
         if answer.detail != "group_complete":
             return False
@@ -204,6 +184,8 @@ class SimFarm:
                 self._held = delivery.batch.id
                 self._training_until = self.clock.now + self.train_s
                 self.ledger.set_paused(True)
+                for replica in self.replicas:  # generation paused in place
+                    replica.pause("in_place")
                 return
             # the drain: consumed without a pause, the version still raised (the budget grows)
             self.ledger.ack("trainer", delivery.batch.id)
@@ -214,6 +196,8 @@ class SimFarm:
         self.ledger.ack("trainer", self._held)
         self.ledger.set_version(self.ledger.version() + 1)
         self.ledger.set_paused(False)
+        for replica in self.replicas:
+            replica.resume()
         self.pause_ends.append(self.clock.now)
         self._training_until = None
         self._held = None

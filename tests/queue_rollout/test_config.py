@@ -25,7 +25,11 @@ def test_defaults_are_the_design_defaults():
     assert c.farm.redis_url == ""
 
 
-def test_full_design_file_decodes(tmp_path):
+def test_full_design_file_decodes(tmp_path, monkeypatch):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "rules.py").write_text("def accept(group):\n    return True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "farm.toml"
     path.write_text("""
 [farm]
@@ -138,6 +142,35 @@ def test_bad_names_and_plugins_are_refused():
         decode_config('[farm]\nname = "a{b}"\n')
     with pytest.raises(ConfigError, match=r"acceptance\.plugin"):
         decode_config('[acceptance]\nplugin = "not a ref"\n')
+
+
+@pytest.mark.parametrize("section,ref,message", [
+    ("workflow", "name = \"nope\"", "workflow.name: 'nope' is neither a built-in "
+                                    "(controlled_length, math, noop) nor package.module:factory"),
+    ("workflow", "name = \"no_such_module_here:factory\"",
+     "workflow.name: cannot load 'no_such_module_here:factory': ModuleNotFoundError"),
+    ("workflow", "name = \"json:no_such_name\"", "workflow.name: cannot load "
+                                                 "'json:no_such_name': AttributeError"),
+    ("workflow", "name = \"json:__doc__\"", "workflow.name: 'json:__doc__' is not callable"),
+    ("acceptance", "plugin = \"no_such_module_here:rule\"",
+     "acceptance.plugin: cannot load 'no_such_module_here:rule': ModuleNotFoundError"),
+])
+def test_workflows_and_plugins_that_cannot_be_loaded_are_refused_with_the_config(
+        section, ref, message):
+    with pytest.raises(ConfigError) as exc:
+        decode_config(f"[{section}]\n{ref}\n", "farm.toml")
+    assert str(exc.value).startswith(f"farm.toml: {message}"), str(exc.value)
+
+
+def test_loadable_plugins_and_every_built_in_workflow_are_accepted():
+    from queue_rollout.config import BUILT_IN_WORKFLOWS
+    from queue_rollout.workers.workflows import BUILT_IN
+
+    assert set(BUILT_IN) == set(BUILT_IN_WORKFLOWS)  # the config knows the workers' names
+    for name in BUILT_IN_WORKFLOWS:
+        assert decode_config(f'[workflow]\nname = "{name}"\n').workflow.name == name
+    c = decode_config('[workflow]\nname = "json:loads"\n[acceptance]\nplugin = "json:dumps"\n')
+    assert (c.workflow.name, c.acceptance.plugin) == ("json:loads", "json:dumps")
 
 
 def test_toml_syntax_and_missing_files(tmp_path):

@@ -135,6 +135,44 @@ def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine,
     assert c["doubtful"] == 1 and c["reserved"] == 4
 
 
+def test_a_worker_against_a_replica_without_a_boot_id_runs_and_resolves_doubt(
+        r, farm_toml, tmp_path):
+    """SGLang started by hand reports no boot id: the worker starts without --boot-id,
+    runs episodes, says that stops are confirmed by abort-then-probe, and settles a
+    doubtful attempt of its own that way."""
+    import socket
+
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    log = tmp_path / "worker.log"
+    with ThreadedSimEngine(slots=4, step_ms=0.5) as engine:
+        engine.server.boot_id = ""  # as SGLang: /get_server_info has no boot id
+        assert not SGLangClient(engine.url).server_info().get("boot_id")
+        proc = start_worker(farm_toml, engine.url, log=log)
+        try:
+            assert "(boot unknown)" in proc.stdout.readline()
+            dispatch(r, ledger, 2, [50, 60])
+            wait_for(lambda: ledger.counters().get("finished", 0) == 4, what="4 episodes")
+            # an attempt this worker started whose request is gone (its process died)
+            ledger.submit([("d", b'{"id": "d", "prompt": "x", "member_lengths": [5, 5]}')])
+            first, second = ledger.admit().attempt_ids
+            me = f"{socket.gethostname()}-gpu0"
+            for aid in (first, second):
+                assert ledger.start(aid, me, engine.url, "", 30).status == "started"
+                ledger.mark_doubtful(aid, "lease_expired")
+            # the supervisor probes them (doubt older than a lease, 3 s) and retries
+            wait_for(lambda: ledger.counters().get("retries:lease_expired", 0) == 2, 30,
+                     "both doubtful attempts settled by abort-then-probe")
+            flush_outbox(r, ledger.keys)  # the collector's job: hand the retries to RQ
+            wait_for(lambda: ledger.counters().get("finished", 0) == 6, what="retries ran")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+    assert "a stop is confirmed by abort-then-probe alone" in log.read_text()
+    c = ledger.counters()
+    assert c.get("retries:replica_restart", 0) == 0 and c.get("doubtful", 0) == 0
+
+
 def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, farm_toml):
     from queue_rollout.client.rollout import RolloutClient
     from queue_rollout.errors import BarrierTimeout

@@ -200,3 +200,18 @@ def test_set_version_refuses_bad_values_and_changes_nothing(farm, redis_snapshot
                          text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert redis_snapshot() == before
+
+
+@pytest.mark.parametrize("argv", [["up"], ["collector"], ["status"], ["submit", "x.jsonl"],
+                                  ["worker", "--gpu", "0", "--engine-url", "http://x"],
+                                  ["node", "--gpus", "0"], ["sim-engine", "--port", "0"]])
+def test_every_command_refuses_an_unknown_workflow_at_once(tmp_path, argv):
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nstate_dir = "{tmp_path / "state"}"\n[workflow]\nname = "nope"\n')
+    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    out = subprocess.run([exe, *argv, "-c", str(toml)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"queue-rollout: {toml}: workflow.name: 'nope' is neither")
+    assert not (tmp_path / "state").exists()  # nothing was started
