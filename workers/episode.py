@@ -270,8 +270,8 @@ class AttemptRunner:
         except RedisUnavailable as exc:
             log.warning("attempt %s: heartbeat failed: %s", live.aid, exc)
             return
-        if answer.ignored and answer.detail != "duplicate progress":
-            log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid, answer.detail)
+        if answer.ignored and answer.reason != "duplicate progress":
+            log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid, answer.reason)
             live.superseded.set()
             live.done.set()  # nothing more to renew
             self._abort_quietly(live)
@@ -320,7 +320,7 @@ class AttemptRunner:
                 aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome,
                 reason=reason))
         if answer.ignored:
-            log.info("attempt %s: result ignored (%s)", aid, answer.detail)
+            log.info("attempt %s: result ignored (%s)", aid, answer.reason)
             return "ignored"
         if outcome == "failed":
             log.warning("attempt %s: episode failed: %s", aid, error)
@@ -355,7 +355,8 @@ class AttemptRunner:
     def _retry(self, aid: str, cause: str) -> str:
         answer = self._until_answered(
             f"retry {aid}", lambda: self.ledger.retry(aid, cause=cause, resolution="stopped"))
-        log.info("attempt %s: stopped (%s): %s %s", aid, cause, answer.status, answer.detail)
+        log.info("attempt %s: stopped (%s): %s %s", aid, cause, answer.status,
+                 answer.attempt_id or answer.reason)
         return answer.status
 
 

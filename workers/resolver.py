@@ -32,8 +32,7 @@ def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_
     attempt id -> what happened."""
     now = ledger.clock()
     outcome: dict[str, str] = {}
-    for raw, since in ledger.client.zrange(ledger.keys.doubt, 0, -1, withscores=True):
-        aid = raw.decode()
+    for aid, since in ledger.doubtful():
         attempt = ledger.attempt(aid)
         if (attempt is None or attempt.worker != worker_id or attempt.replica != client.url
                 or (attempt.boot == boot_id and now - since < min_age)):

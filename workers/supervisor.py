@@ -17,7 +17,6 @@ processes bound to the new boot, and its old attempts are settled at once
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -26,15 +25,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from redis import Redis
-from redis.exceptions import RedisError
-
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import PAUSE_MODES, EngineError, PauseMode, SGLangClient
-from queue_rollout.errors import RedisUnavailable
+from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.procs import Supervised, stop_all
 from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.rq_worker import WorkerSpec, spec_env
@@ -96,13 +93,12 @@ class Supervisor:
         return (f"replica boot id {self.boot_id} ({'given' if given else 'reported'}): a "
                 "restart under another boot id confirms a stop at once, else abort-then-probe")
 
-    def register(self, redis: Redis) -> None:
-        record = {"host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
-                  "boot": self.boot_id, "replica_up": self._replica_up,
-                  "slots": self.config.engine.slots_per_replica,
-                  "pid": os.getpid(), "started_at": time.time()}
-        redis.hset(self.keys.workers, self.worker_id, json.dumps(record))
-        redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
+    def register(self, registry: Registry) -> None:
+        registry.register(self.worker_id, {
+            "host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
+            "boot": self.boot_id, "replica_up": self._replica_up,
+            "slots": self.config.engine.slots_per_replica,
+            "pid": os.getpid(), "started_at": time.time()})
 
     # -- children --------------------------------------------------------------------
 
@@ -126,8 +122,9 @@ class Supervisor:
     def run(self) -> int:
         redis = connect_config(self.config)
         ledger = Ledger.from_config(redis, self.config)
+        registry = Registry(redis, self.keys, self.config.timeouts.lease)
         self.wait_for_replica()
-        self.register(redis)
+        self.register(registry)
         self.children = self._children()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -140,11 +137,11 @@ class Supervisor:
                 for child in self.children:
                     child.keep()
                 try:
-                    redis.zadd(self.keys.workers_seen, {self.worker_id: time.time()})
-                    self._follow_controls(redis)
+                    registry.seen(self.worker_id)
+                    self._follow_controls(registry)
                     if time.monotonic() >= next_health:
                         next_health = time.monotonic() + self.health_s
-                        if self._watch_replica(redis):
+                        if self._watch_replica(registry):
                             next_resolve = 0.0  # the replica is back: settle its doubt now
                     if time.monotonic() >= next_resolve:
                         resolve_doubt(ledger, self.client, self._current_boot(),
@@ -152,16 +149,16 @@ class Supervisor:
                                       min_age=self.config.timeouts.lease)
                         # as often as a lease: doubt younger than a lease is left alone
                         next_resolve = time.monotonic() + min(10.0, self.config.timeouts.lease)
-                except (RedisUnavailable, RedisError, EngineError) as exc:
-                    # Redis away (its raw errors too: these calls go straight to redis-py)
-                    # or the replica: keep the episode processes, try again next round
+                except (QueueRolloutError, EngineError) as exc:
+                    # Redis away, or the replica: keep the episode processes, try again
+                    # next round
                     self._warn(str(exc))
                 time.sleep(self.poll_s)
         finally:
-            self._shutdown(redis)
+            self._shutdown(registry)
         return 0
 
-    def _watch_replica(self, redis: Redis) -> bool:
+    def _watch_replica(self, registry: Registry) -> bool:
         """One look at the replica; True when it is back (after an outage or under a new
         boot id): its doubtful attempts can be settled now."""
         up = self.client.healthy(timeout=max(0.5, self.health_s))
@@ -180,37 +177,34 @@ class Supervisor:
         else:
             log.info("worker %s: replica %s healthy again", self.worker_id, self.engine_url)
         self._replica_up = up
-        self.register(redis)
+        self.register(registry)
         return up
 
-    def _follow_controls(self, redis: Redis) -> None:
+    def _follow_controls(self, registry: Registry) -> None:
         """Pause or resume the replica as the farm's pause flag says, and apply weight
-        updates; acknowledge each in ``acks`` (pause() and update_weights() wait)."""
-        paused, epoch, mode = redis.hmget(self.keys.state, "paused", "pause_epoch", "pause_mode")
-        if paused == b"1":
-            epoch_n = int(epoch or 0)
-            if self._paused_epoch != epoch_n:
-                self.client.pause(pause_mode((mode or b"in_place").decode()))
-                self._paused_epoch = epoch_n
-                redis.hset(self.keys.acks, f"pause:{self.worker_id}", epoch_n)
-                log.info("worker %s: replica paused (epoch %d)", self.worker_id, epoch_n)
+        updates; acknowledge each (pause() and update_weights() wait for it)."""
+        c = registry.controls()
+        if c.paused:
+            if self._paused_epoch != c.pause_epoch:
+                self.client.pause(pause_mode(c.pause_mode))
+                self._paused_epoch = c.pause_epoch
+                registry.acknowledge("pause", self.worker_id, Ack(c.pause_epoch))
+                log.info("worker %s: replica paused (epoch %d)", self.worker_id, c.pause_epoch)
         elif self._paused_epoch is not None:
             self.client.resume()
             self._paused_epoch = None
             log.info("worker %s: replica resumed", self.worker_id)
-        w_epoch, path, version = redis.hmget(self.keys.control, "weights_epoch",
-                                             "weights_path", "weights_version")
-        if w_epoch is not None and int(w_epoch) > self._weights_epoch:
-            self._weights_epoch = int(w_epoch)
+        if c.weights_epoch > self._weights_epoch:
+            self._weights_epoch = c.weights_epoch
+            ack = Ack(c.weights_epoch)
             try:
                 self.client.update_weights_from_disk(
-                    path.decode(), weight_version=version.decode() if version else None,
+                    c.weights_path, weight_version=c.weights_version or None,
                     timeout=self.config.timeouts.pause_barrier)
-                answer = f"{self._weights_epoch} ok"
             except EngineError as exc:
-                answer = f"{self._weights_epoch} error: {exc}"
-            redis.hset(self.keys.acks, f"weights:{self.worker_id}", answer)
-            log.info("worker %s: weights %s", self.worker_id, answer)
+                ack = Ack(c.weights_epoch, str(exc))
+            registry.acknowledge("weights", self.worker_id, ack)
+            log.info("worker %s: weights %s", self.worker_id, ack.encode())
 
     def _warn(self, message: str) -> None:
         """Log a failed round, at most once every 5 s while the message stays the same."""
@@ -229,12 +223,11 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         self._stop = True
 
-    def _shutdown(self, redis: Redis) -> None:
+    def _shutdown(self, registry: Registry) -> None:
         stop_all((c.proc for c in self.children if c.proc),
                  self.config.timeouts.shutdown_grace + 30)
         try:
-            redis.hdel(self.keys.workers, self.worker_id)
-            redis.zrem(self.keys.workers_seen, self.worker_id)
-        except Exception as exc:
+            registry.deregister(self.worker_id)
+        except QueueRolloutError as exc:
             log.warning("worker %s: could not deregister: %s", self.worker_id, exc)
         print(f"worker {self.worker_id}: stopped", flush=True)

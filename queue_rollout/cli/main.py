@@ -185,8 +185,8 @@ def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     answer = ledger.submit((pid, raw) for _, pid, raw in prompts)
     if answer.status == "duplicate":
         places = {pid: f"line {number}" for number, pid, _ in prompts}
-        raise BadInput(f"{args.file}: {known_ids_refusal(answer.detail, places)}")
-    print(f"submitted {answer.detail} prompts to farm {config.farm.name}")
+        raise BadInput(f"{args.file}: {known_ids_refusal(answer.duplicates, places)}")
+    print(f"submitted {answer.count} prompts to farm {config.farm.name}")
     return 0
 
 

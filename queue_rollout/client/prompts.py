@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +151,9 @@ def read_file(path: str | Path, *, group_size: int, max_bytes: int) -> list[tupl
         path, group_size=group_size, max_bytes=max_bytes)]
 
 
-def known_ids_refusal(detail: str, places: Mapping[str, str]) -> str:
-    """The message for a submission the farm refused because it already knows some
-    ids; *detail* is the ledger's (the ids, comma-joined), *places* says where each
-    submitted id came from (``line 3``, ``prompt #2``). An id holding a comma is shown
-    split at it: the message only."""
-    ids = detail.split(",")
+def known_ids_refusal(ids: Sequence[str], places: Mapping[str, str]) -> str:
+    """The message for a submission the farm refused because it already knows *ids*;
+    *places* says where each submitted id came from (``line 3``, ``prompt #2``)."""
     shown = ", ".join(f"{pid!r} ({places[pid]})" if pid in places else repr(pid)
                       for pid in ids[:SHOWN_IDS])
     more = f" and {len(ids) - SHOWN_IDS} more" if len(ids) > SHOWN_IDS else ""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +25,12 @@ from queue_rollout.client.prompts import check_prompt, known_ids_refusal
 from queue_rollout.config import Config, load_config
 from queue_rollout.errors import BadInput, BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.connection import (
-    client_url,
     connect_config,
     mask_url,
     resolve_url,
-    translate_errors,
 )
 from queue_rollout.ledger.core import Delivery, Ledger
+from queue_rollout.ledger.registry import Ack, AckKind, Registry
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.results import decode_result
 
@@ -75,6 +74,7 @@ class RolloutClient:
         self.ledger = ledger
         self.config = config
         self.consumer = consumer
+        self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease)
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | Config | None = None,
@@ -97,8 +97,8 @@ class RolloutClient:
             checked.append((pid, raw))
         answer = self.ledger.submit(checked)  # one script: checks every id, then writes
         if answer.status == "duplicate":
-            raise BadInput(known_ids_refusal(answer.detail, seen))
-        return int(answer.detail)
+            raise BadInput(known_ids_refusal(answer.duplicates, seen))
+        return answer.count
 
     def get_batch(self, timeout: float | None = None, max_poll_s: float = 0.5) -> Batch:
         """Wait for exactly B complete, accepted groups (or this consumer's unacknowledged
@@ -145,29 +145,19 @@ class RolloutClient:
         """The batch was trained on: its groups are consumed and their results deleted."""
         answer = self.ledger.ack(self.consumer, batch.id)
         if answer.ignored:
-            raise BadInput(f"ack of batch {batch.id} refused: {answer.detail}")
+            raise BadInput(f"ack of batch {batch.id} refused: {answer.reason}")
 
     # -- trainer controls ------------------------------------------------------------
 
-    def _acks(self, prefix: str) -> dict[str, bytes | None]:
-        """Each live worker's acknowledgement ``prefix:<worker>`` (None: none yet)."""
-        from queue_rollout.ledger.status import live_workers
-
-        client, keys = self.ledger.client, self.ledger.keys
-        with translate_errors(client_url(client)):
-            workers = sorted(live_workers(client, keys, now=time.time(),
-                                          stale_after=3 * self.config.timeouts.lease))
-            answers = client.hmget(keys.acks, [f"{prefix}:{w}" for w in workers]) if workers else []
-        return dict(zip(workers, answers, strict=True))
-
-    def _await_acks(self, what: str, prefix: str, done: Callable[[bytes | None], bool]) -> None:
+    def _await_acks(self, what: str, kind: AckKind, epoch: int) -> dict[str, Ack]:
+        """Wait until every live worker has answered request *epoch* of *kind*; returns
+        the answers. BarrierTimeout names the workers that did not answer in time."""
         deadline = time.monotonic() + self.config.timeouts.pause_barrier
         while True:
-            answers = self._acks(prefix)
-            workers = list(answers)
-            missing = [w for w in workers if not done(answers[w])]
+            answers = self.registry.acks(kind, sorted(self.registry.live()))
+            missing = [w for w, a in answers.items() if a is None or a.epoch < epoch]
             if not missing:
-                return
+                return {w: a for w, a in answers.items() if a is not None}
             if time.monotonic() >= deadline:
                 within = self.config.timeouts.pause_barrier
                 raise BarrierTimeout(f"{what}: no answer within {within}s "
@@ -178,7 +168,7 @@ class RolloutClient:
         """Stop admission and return once every live worker has paused its replica in
         ``engine.pause_mode``; BarrierTimeout names the workers that did not answer."""
         epoch = self.ledger.pause(self.config.engine.pause_mode)
-        self._await_acks("pause", "pause", lambda a: a is not None and int(a) >= epoch)
+        self._await_acks("pause", "pause", epoch)
 
     def resume(self) -> None:
         """Clear the pause flag: admission resumes, workers resume their replicas."""
@@ -189,17 +179,9 @@ class RolloutClient:
         policy version, resume. Raises naming the workers that failed or did not answer
         (the farm then stays paused)."""
         self.pause()
-        keys = self.ledger.keys
-        pipe = self.ledger.client.pipeline(transaction=True)  # path, version, epoch together
-        pipe.hset(keys.control, mapping={"weights_path": model_path,
-                                         "weights_version": str(version)})
-        pipe.hincrby(keys.control, "weights_epoch", 1)
-        with translate_errors(client_url(self.ledger.client)):
-            epoch = pipe.execute()[1]
-        self._await_acks("weight update", "weights",
-                         lambda a: a is not None and int(a.split()[0]) >= epoch)
-        failed = [f"{w} ({a.decode().split(' ', 1)[1]})" for w, a in self._acks("weights").items()
-                  if a is not None and not a.decode().endswith(" ok")]
+        epoch = self.registry.request_weights(model_path, version)
+        answers = self._await_acks("weight update", "weights", epoch)
+        failed = [f"{w} ({a.error})" for w, a in answers.items() if not a.ok]
         if failed:
             raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")
         self.set_version(version)

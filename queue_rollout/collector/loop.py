@@ -27,11 +27,12 @@ import redis
 from queue_rollout.collector.acceptance import GroupView, load_plugin, verdict
 from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.config import Config
-from queue_rollout.errors import BadInput
+from queue_rollout.errors import BadInput, QueueRolloutError
+from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import EVENTS_GROUP
 from queue_rollout.ledger.outbox import flush_outbox
-from queue_rollout.ledger.status import live_workers
+from queue_rollout.ledger.registry import Registry
 from queue_rollout.results import EpisodeResult, decode_result
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class Collector:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.plugin = load_plugin(config.acceptance.plugin)
         self.reconciler = Reconciler(ledger, config)
+        self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease,
+                                 clock=ledger.clock)
         self._steps = 0
         self._ensure_group()
 
@@ -69,6 +72,12 @@ class Collector:
     # -- one step --------------------------------------------------------------------
 
     def step(self) -> StepReport:
+        """One round as leader (or a standby's look at the lease). Redis errors leave
+        as :class:`~queue_rollout.errors.RedisUnavailable` / ``LedgerError``."""
+        with translate_errors(client_url(self.ledger.client)):
+            return self._step()
+
+    def _step(self) -> StepReport:
         leading, _holder = self.ledger.lead(self.name, self.config.timeouts.leader_lease)
         if not leading:
             return StepReport(leader=False)
@@ -84,9 +93,7 @@ class Collector:
     def _capacity(self) -> int | None:
         if self.config.rollout.max_concurrent_samples != "auto":
             return None
-        workers = live_workers(self.ledger.client, self.keys, now=self.ledger.clock(),
-                               stale_after=3 * self.config.timeouts.lease)
-        return sum(int(w.get("slots", 0)) for w in workers.values())
+        return self.registry.slots(self.registry.live())
 
     def _admit(self, report: StepReport) -> None:
         capacity = self._capacity()
@@ -155,6 +162,10 @@ class Collector:
         while not stop.is_set():
             try:
                 report = self.step()
+            except QueueRolloutError as exc:  # Redis away: say so, try again
+                log.warning("collector %s: step failed: %s", self.name, exc)
+                stop.wait(1.0)
+                continue
             except Exception:
                 log.exception("collector step failed")
                 stop.wait(1.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -23,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.status import live_workers
+from queue_rollout.ledger.registry import Registry
 
 log = logging.getLogger(__name__)
 #: WSGI's start_response(status, headers)
@@ -49,11 +48,9 @@ class LedgerCollector:
         pipe.hget(keys.state, "version")
         counters_raw, version = pipe.execute()
         c = {k.decode(): int(v) for k, v in counters_raw.items()}
-        workers = live_workers(client, keys, now=time.time(),
-                               stale_after=3 * self.config.timeouts.lease)
-        worker_slots = sum(int(w.get("slots", 0)) for w in workers.values())
-        r = self.config.rollout
-        capacity = worker_slots if r.max_concurrent_samples == "auto" else r.capacity_slots()
+        registry = Registry(client, keys, self.config.timeouts.lease)
+        workers = registry.live()
+        capacity = self.config.rollout.capacity_slots(registry.slots(workers))
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(P + name, doc, value=value)

@@ -61,7 +61,7 @@ class Reconciler:
             answer = ledger.retry(aid, cause="doubt_timeout", resolution="lost", doubt_s=doubt_s)
             if not answer.ignored:
                 log.warning("attempt %s: doubtful for over %ss, declared lost: %s %s",
-                            aid, doubt_s, answer.status, answer.detail)
+                            aid, doubt_s, answer.status, answer.attempt_id)
                 report.lost.append(aid)
         if scan_jobs:
             report.requeued = self._requeue_lost_jobs()

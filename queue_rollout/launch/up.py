@@ -27,6 +27,7 @@ from queue_rollout.errors import ConfigError, QueueRolloutError
 from queue_rollout.ledger.connection import connect, mask_url
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.ledger.registry import Registry
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 
 log = logging.getLogger(__name__)
@@ -119,13 +120,10 @@ class LocalFarm:
 def wait_for_workers(ledger: Ledger, farm: LocalFarm, stop: threading.Event,
                       timeout: float = 120.0) -> None:
     """Until every worker has registered (so `up` prints its line when the farm works)."""
-    from queue_rollout.ledger.status import live_workers
-
+    registry = Registry(ledger.client, ledger.keys, farm.config.timeouts.lease)
     deadline = time.monotonic() + timeout
     while not stop.is_set() and time.monotonic() < deadline:
-        alive = live_workers(ledger.client, ledger.keys, now=time.time(),
-                             stale_after=3 * farm.config.timeouts.lease)
-        if len(alive) >= len(farm.workers):
+        if len(registry.live()) >= len(farm.workers):
             return
         farm.keep()
         time.sleep(0.2)

@@ -45,10 +45,14 @@ def _s(value: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What a script answered: a status word and a detail (a reason when ignored)."""
+    """What a script answered: its status word, and the fields that operation fills."""
 
     status: str
-    detail: str = ""
+    reason: str = ""  # why it was ignored; a rejected group's reason
+    group_complete: bool = False  # finish, retry: this ended the group's last member
+    attempt_id: str = ""  # retry: the new attempt of the member
+    count: int = 0  # submit: prompts added; ack: groups consumed
+    duplicates: tuple[str, ...] = ()  # submit: ids the farm knows already
 
     @property
     def ignored(self) -> bool:
@@ -107,21 +111,33 @@ class Ledger:
             return self._scripts.call(name, keys, [repr(self.clock()), *args])
 
     def _answer(self, name: str, keys: list[str], *args: object) -> Answer:
+        """A script's ``{status, detail}``, with the detail in its named field: a reason
+        when ignored or rejected, else what *name* answers there."""
         reply = self._call(name, keys, *args)
-        return Answer(_s(reply[0]), _s(reply[1]) if len(reply) > 1 else "")
+        status, detail = _s(reply[0]), _s(reply[1]) if len(reply) > 1 else ""
+        if status in ("ignored", "rejected"):
+            return Answer(status, reason=detail)
+        if status in ("recorded", "failed"):  # finish, retry
+            return Answer(status, group_complete=detail == "group_complete")
+        if status == "retried":
+            return Answer(status, attempt_id=detail)
+        if status in ("acked", "submitted"):
+            return Answer(status, count=int(detail))
+        return Answer(status)
 
     # -- prompts and admission ---------------------------------------------------------
 
     def submit(self, prompts: Iterable[tuple[str, bytes]]) -> Answer:
-        """Add prompts (id, prompt JSON) all or none; ``duplicate`` lists known ids."""
+        """Add prompts (id, prompt JSON) all or none: ``submitted`` with their ``count``,
+        or ``duplicate`` with the ids the farm knows already."""
         k = self.keys
         args: list[object] = []
         for pid, payload in prompts:
             args += [pid, payload]
         reply = self._call("submit", [k.counters, k.prompts, k.groups, k.pending], *args)
         if _s(reply[0]) == "duplicate":
-            return Answer("duplicate", ",".join(_s(x) for x in reply[1:]))
-        return Answer("submitted", _s(reply[1]))
+            return Answer("duplicate", duplicates=tuple(_s(x) for x in reply[1:]))
+        return Answer("submitted", count=int(reply[1]))
 
     def admit(self, live_worker_slots: int | None = None) -> Admission:
         """Admit the next pending prompt as a group, if pause, staleness and slots allow."""
@@ -166,8 +182,8 @@ class Ledger:
         outcome: Literal["finished", "failed"] = "finished",
         reason: Literal["workflow", "oversized"] = "workflow",
     ) -> Answer:
-        """Record an attempt's result; ``recorded`` (detail ``group_complete`` when the
-        group completed) or ``ignored`` with the reason. A failed episode is counted
+        """Record an attempt's result; ``recorded`` (``group_complete`` when it ended the
+        group's last member) or ``ignored`` with the reason. A failed episode is counted
         by *reason* (``failed:<reason>``)."""
         k = self.keys
         return self._answer(
@@ -189,7 +205,7 @@ class Ledger:
         doubt_s: float = 0.0,
     ) -> Answer:
         """The attempt is confirmed stopped (or declared lost after *doubt_s* of doubt):
-        ``retried`` with the new attempt id, or ``failed`` after max_attempts."""
+        ``retried`` with the new ``attempt_id``, or ``failed`` after max_attempts."""
         k = self.keys
         return self._answer(
             "retry",
@@ -238,8 +254,9 @@ class Ledger:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
         k = self.keys
-        return int(self._answer("set_version", [k.state, k.counters], version,
-                                self.rollout.batch_size).detail)
+        reply = self._call("set_version", [k.state, k.counters], version,
+                           self.rollout.batch_size)
+        return int(reply[1])
 
     def set_paused(self, paused: bool, mode: str = "in_place") -> bool:
         """Raise or clear the pause flag; returns the previous flag."""
@@ -252,10 +269,16 @@ class Ledger:
 
     def lead(self, candidate: str, lease_s: float) -> tuple[bool, str]:
         """Take or renew collector leadership; returns (leading?, current holder)."""
-        answer = self._answer("lead", [self.keys.leader], candidate, repr(float(lease_s)))
-        return answer.status == "leader", answer.detail
+        reply = self._call("lead", [self.keys.leader], candidate, repr(float(lease_s)))
+        return _s(reply[0]) == "leader", _s(reply[1])
 
     # -- reading -----------------------------------------------------------------------
+
+    def doubtful(self) -> list[tuple[str, float]]:
+        """Every doubtful attempt id and since when, oldest first."""
+        with translate_errors(self._url):
+            raw = self.client.zrange(self.keys.doubt, 0, -1, withscores=True)
+        return [(_s(aid), float(since)) for aid, since in raw]
 
     def counters(self) -> dict[str, int]:
         with translate_errors(self._url):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -11,16 +10,7 @@ import redis
 from queue_rollout.config import Config
 from queue_rollout.ledger.connection import translate_errors
 from queue_rollout.ledger.keys import Keys
-
-
-def live_workers(client: redis.Redis, keys: Keys, *, now: float,
-                 stale_after: float) -> dict[str, dict[str, Any]]:
-    """Registered workers whose supervisor reported within *stale_after* seconds."""
-    seen = client.zrangebyscore(keys.workers_seen, now - stale_after, "+inf")
-    if not seen:
-        return {}
-    records = client.hmget(keys.workers, seen)
-    return {w.decode(): json.loads(r) for w, r in zip(seen, records, strict=True) if r is not None}
+from queue_rollout.ledger.registry import Registry
 
 
 def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
@@ -33,9 +23,10 @@ def farm_status(client: redis.Redis, config: Config, *, redis_url: str,
 def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
                  now: float | None) -> dict[str, Any]:
     keys = Keys(config.farm.name)
-    workers = live_workers(client, keys, now=time.time() if now is None else now,
-                           stale_after=3 * config.timeouts.lease)
-    live_worker_slots = sum(int(w.get("slots", 0)) for w in workers.values())
+    registry = Registry(client, keys, config.timeouts.lease,
+                        clock=time.time if now is None else lambda: now)
+    workers = registry.live()
+    live_worker_slots = registry.slots(workers)
     pipe = client.pipeline(transaction=True)
     pipe.hgetall(keys.counters)
     pipe.hgetall(keys.state)
@@ -45,7 +36,7 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     c = {k.decode(): int(v) for k, v in raw_counters.items()}
     state = {k.decode(): v.decode() for k, v in raw_state.items()}
     r = config.rollout
-    capacity = live_worker_slots if r.max_concurrent_samples == "auto" else r.capacity_slots()
+    capacity = r.capacity_slots(live_worker_slots)
     return {
         "farm": config.farm.name,
         "redis_url": redis_url,

@@ -166,9 +166,9 @@ class SimFarm:
         r = self._placed.pop(aid)
         answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=r.length)
         if answer.status != "recorded":
-            raise RuntimeError(f"finish {aid}: {answer.detail}")
+            raise RuntimeError(f"finish {aid}: {answer.reason}")
         self.output_tokens += r.length
-        if answer.detail != "group_complete":
+        if not answer.group_complete:
             return False
         verdict = self.ledger.judge(r.group_id, accept=True)
         self.accepted += verdict.status == "accepted"

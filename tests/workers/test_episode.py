@@ -75,7 +75,7 @@ def test_a_retry_samples_with_the_same_seed(r, fast):
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5, 5]}])
     runner = runner_for(ledger, config, fast.url)
     ledger.start(adm.attempt_ids[0], "w0", fast.url, "boot0", 30)
-    new = ledger.retry(adm.attempt_ids[0], cause="worker_lost").detail
+    new = ledger.retry(adm.attempt_ids[0], cause="worker_lost").attempt_id
     runner.run(new)
     runner.run(adm.attempt_ids[1])
     a, b = (decode_result(ledger.result("p", m), 1 << 20) for m in range(2))

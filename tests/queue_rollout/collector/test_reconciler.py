@@ -46,7 +46,7 @@ def test_the_doubt_timeout_declares_lost_loudly_and_retries(r, clock, caplog):
     assert rec.tick(scan_jobs=False).lost == [a]
     assert f"attempt {a}: doubtful for over 100s, declared lost" in caplog.text
     assert ledger.counters()["retries:doubt_timeout"] == 1
-    assert ledger.finish(a, 0, b"late").detail == "superseded attempt"
+    assert ledger.finish(a, 0, b"late").reason == "superseded attempt"
 
 
 def test_a_queued_attempt_whose_job_vanished_goes_back_to_the_outbox(r, clock):

@@ -115,10 +115,10 @@ def test_duplicates_wrong_ids_bad_members_and_superseded_attempts_are_ignored(ma
     }
     for name, answer in cases.items():
         assert answer.status == "ignored", name
-    assert cases["duplicate result"].detail == "duplicate result"
-    assert cases["wrong attempt id"].detail == "unknown attempt"
-    assert cases["member out of range"].detail == "member mismatch"
-    assert cases["superseded attempt"].detail == "superseded attempt"
+    assert cases["duplicate result"].reason == "duplicate result"
+    assert cases["wrong attempt id"].reason == "unknown attempt"
+    assert cases["member out of range"].reason == "member mismatch"
+    assert cases["superseded attempt"].reason == "superseded attempt"
     assert ledger_counters(ledger) == before
     assert ledger.counters()["ignored"] == ignored_before + len(cases)
     assert ledger.result(g.group_id, 1) is None
@@ -151,7 +151,7 @@ def test_doubtful_attempt_keeps_its_slot_until_a_confirmed_stop_then_retries_in_
     assert ledger.client.llen(ledger.keys.outbox) == 2
     retried = ledger.retry(aid, cause="replica_restart")
     assert retried.status == "retried"
-    new = retried.detail
+    new = retried.attempt_id
     current_id, current = ledger.current_attempt(g.group_id, 1)
     assert current_id == new and current.n == 2 and current.stops == 1
     assert current.m == 1  # same member: same seed (I7)
@@ -216,10 +216,10 @@ def test_episode_fails_after_max_attempts_and_the_group_still_completes(make_led
     run_member(ledger, g, 0)
     aid = g.attempt_ids[1]
     ledger.start(aid, "w", "r", "b", 30)
-    aid = ledger.retry(aid, cause="generate_error").detail
+    aid = ledger.retry(aid, cause="generate_error").attempt_id
     ledger.start(aid, "w", "r", "b", 30)
     final = ledger.retry(aid, cause="generate_error")
-    assert (final.status, final.detail) == ("failed", "group_complete")
+    assert (final.status, final.group_complete) == ("failed", True)
     assert ledger.attempt(aid).state == "failed" and ledger.attempt(aid).resolution == "stopped"
     assert examine(ledger.client, ledger.keys, ledger.rollout.batch_size).ok
     c = ledger.counters()
@@ -235,11 +235,11 @@ def test_doubt_timeout_declares_lost_and_a_late_result_is_then_ignored(make_ledg
     ledger.mark_doubtful(aid, "lease_expired")
     clock.advance(100)
     early = ledger.retry(aid, cause="doubt_timeout", resolution="lost", doubt_s=1800)
-    assert (early.status, early.detail) == ("ignored", "doubt too recent")
+    assert (early.status, early.reason) == ("ignored", "doubt too recent")
     clock.advance(1800)
     lost = ledger.retry(aid, cause="doubt_timeout", resolution="lost", doubt_s=1800)
     assert lost.status == "retried"
-    assert ledger.finish(aid, 0, b"late").detail == "superseded attempt"
+    assert ledger.finish(aid, 0, b"late").reason == "superseded attempt"
     assert ledger.attempt(aid).state == "lost"
     assert ledger.counters()["reserved"] == 1
 
@@ -252,7 +252,7 @@ def test_progress_renews_the_lease_and_revives_a_doubtful_attempt(make_ledger, c
     clock.advance(20)
     assert ledger.progress(aid, "w", 1, 30, 10).status == "ok"
     assert ledger.client.zscore(ledger.keys.leases, aid) == pytest.approx(clock.now + 30)
-    assert ledger.progress(aid, "other-worker", 2, 30, 10).detail == "wrong worker"
+    assert ledger.progress(aid, "other-worker", 2, 30, 10).reason == "wrong worker"
     ledger.mark_doubtful(aid, "lease_expired")
     assert ledger.progress(aid, "w", 2, 30, 11).status == "revived"
     c = ledger.counters()
@@ -382,7 +382,7 @@ def test_submit_is_all_or_nothing_on_duplicates(make_ledger):
     ledger = make_ledger(group_size=1, max_concurrent_samples=1)
     assert ledger.submit(trivial_prompts(2)).status == "submitted"
     dup = ledger.submit([("new", b"{}"), ("p1", b"{}")])
-    assert (dup.status, dup.detail) == ("duplicate", "p1")
+    assert (dup.status, dup.duplicates) == ("duplicate", ("p1",))
     assert ledger.client.llen(ledger.keys.pending) == 2
     admit_groups(ledger, 1)  # p0 admitted: still known to the farm
     assert ledger.submit([("p0", b"{}")]).status == "duplicate"
@@ -400,7 +400,7 @@ def test_farms_on_one_redis_do_not_share_capacity(make_ledger):
 def test_an_id_given_twice_in_one_submission_refuses_it_whole(make_ledger):
     ledger = make_ledger(group_size=1, max_concurrent_samples=1)
     dup = ledger.submit([("a", b"{}"), ("b", b"{}"), ("a", b"{}")])
-    assert (dup.status, dup.detail) == ("duplicate", "a")
+    assert (dup.status, dup.duplicates) == ("duplicate", ("a",))
     assert ledger.client.llen(ledger.keys.pending) == 0
     assert ledger.counters().get("submitted", 0) == 0
 

@@ -195,7 +195,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def submit_new(self, n: int) -> None:
         ids = [f"p{self.next_prompt + i}" for i in range(n)]
         ans = self.ledger.submit([(pid, b'{"prompt": "x"}') for pid in ids])
-        assert ans == Answer("submitted", str(n)), ans
+        assert ans == Answer("submitted", count=n), ans
         self.next_prompt += n
         self.known_ids += ids
         self.pending += ids
@@ -297,8 +297,8 @@ class LedgerMachine(RuleBasedStateMachine):
             before.pop(self.keys.events), after.pop(self.keys.events)
         bc, ac = before.pop("counters"), after.pop("counters")
         bc["ignored"] = bc.get("ignored", 0) + 1
-        assert ac == bc, f"{what} ({ans.detail}) changed counters: {bc} -> {ac}"
-        assert after == before, f"{what} ({ans.detail}) changed the ledger"
+        assert ac == bc, f"{what} ({ans.reason}) changed counters: {bc} -> {ac}"
+        assert after == before, f"{what} ({ans.reason}) changed the ledger"
 
     # -- predictions -----------------------------------------------------------------
 
@@ -403,7 +403,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 "progress", lambda: led.progress(aid, worker, seq, LEASE_S, tokens))
             return
         ans = led.progress(aid, worker, seq, LEASE_S, tokens)
-        assert ans == Answer(pred, ""), ans
+        assert ans == Answer(pred), ans
         a = self.attempts[aid]
         a.state, a.doubt_at = "running", None
         a.seq, a.tokens, a.lease = seq, tokens, self.clock.now + LEASE_S
@@ -429,7 +429,7 @@ class LedgerMachine(RuleBasedStateMachine):
         complete = self.episode_terminal(e, outcome)
         if outcome == "failed":
             self.c["failed:workflow"] += 1  # finish's reason (the Ledger.finish default)
-        assert ans == Answer("recorded", "group_complete" if complete else ""), ans
+        assert ans == Answer("recorded", group_complete=complete), ans
         self.cov[f"finish:{outcome}"] += 1
         if was == "doubtful":
             self.cov["finish:late_from_doubtful"] += 1
@@ -440,7 +440,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.expect_ignored("doubt", lambda: led.mark_doubtful(aid, cause))
             return
         ans = led.mark_doubtful(aid, cause)
-        assert ans == Answer("doubtful", ""), ans
+        assert ans == Answer("doubtful"), ans
         a = self.attempts[aid]
         a.state, a.doubt_at = "doubtful", self.clock.now
         self.c[f"doubts:{cause}"] += 1
@@ -466,10 +466,10 @@ class LedgerMachine(RuleBasedStateMachine):
         if pred == "failed":
             complete = self.episode_terminal(e, "failed")
             self.c["failed:max_attempts"] += 1
-            assert ans == Answer("failed", "group_complete" if complete else ""), ans
+            assert ans == Answer("failed", group_complete=complete), ans
             return
         assert ans.status == "retried", ans
-        new = ans.detail
+        new = ans.attempt_id
         assert AID_RE.fullmatch(new) and new not in self.attempts, ans
         self.c[f"retries:{cause}"] += 1
         e.n += 1
@@ -494,12 +494,12 @@ class LedgerMachine(RuleBasedStateMachine):
         ans = call()
         g = self.groups[gid]
         if accept:
-            assert ans == Answer("accepted", ""), ans
+            assert ans == Answer("accepted"), ans
             g.state = "accepted"
             self.ready.append(gid)
             self.c["accepted"] += 1
         else:
-            assert ans == Answer("rejected", reason), ans
+            assert ans == Answer("rejected", reason=reason), ans
             g.state = "rejected"
             self.c["rejected"] += 1
             self.c[f"rejected:{reason}"] += 1
@@ -523,7 +523,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def submit_duplicate_ids(self, ids: list[str], dup: str) -> None:
         before = self.snapshot()
         ans = self.ledger.submit([(pid, b'{"prompt": "y"}') for pid in ids])
-        assert ans == Answer("duplicate", dup), ans
+        assert ans == Answer("duplicate", duplicates=(dup,)), ans
         assert self.snapshot() == before, "a refused submission changed the ledger"
         self.cov["submit:duplicate"] += 1
 
@@ -823,7 +823,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def do_ack(self, consumer: str) -> None:
         batch_id, gids, _version = self.held_batches[consumer]
         ans = self.ledger.ack(consumer, batch_id)
-        assert ans == Answer("acked", str(len(gids))), ans
+        assert ans == Answer("acked", count=len(gids)), ans
         for gid in gids:
             self.groups[gid].state = "consumed"
             self.purge(gid)
