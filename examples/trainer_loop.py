@@ -5,14 +5,13 @@ Start a farm, then run the loop against the same config:
     queue-rollout up -c farm.toml                       # another terminal (or `node` + `collector`)
     python examples/trainer_loop.py -c farm.toml --steps 4 --prompts prompts.jsonl
 
-Each step takes one batch of B whole groups and pauses generation while it trains (a
-barrier: every live worker has paused its replica when ``pause()`` returns), masks
-tokens too stale to train on, "trains" (here: a stand-in that computes a number from
-the batch) and acknowledges the batch. Then it publishes the new policy: every
-``--push-every`` steps it saves a checkpoint and calls ``update_weights`` (every
-replica loads it, the policy version is set, generation resumes); on the other steps
-it raises the version without new weights (``set_version``, then ``resume``). Without
-``--prompts`` the loop submits a small long-tail set of its own.
+Each step takes one batch of B whole groups and hands it to ``client.train_step``:
+generation pauses (a barrier: every live worker has paused its replica), the step masks
+tokens too stale to train on and "trains" (here: a stand-in that computes a number
+from the batch), the batch is acknowledged, and the new policy is published: every
+``--push-every`` steps a checkpoint is saved and every replica loads it
+(``update_weights``), on the other steps only the version is raised; then generation
+resumes. Without ``--prompts`` the loop submits a small long-tail set of its own.
 """
 
 from __future__ import annotations
@@ -70,19 +69,18 @@ def main(argv: list[str] | None = None) -> int:
 
     for step in range(1, args.steps + 1):
         batch = client.get_batch(timeout=600)
-        client.pause()  # generation paused in place while this step trains
-        version = client.version()
-        mask = batch.stale_token_mask(version, rollout.max_staleness)
-        loss = train_step(batch, mask)
-        client.ack(batch)  # trained on: its groups are consumed, its results deleted
-        if step % args.push_every == 0:
-            checkpoint = save_checkpoint(step, root)
-            client.update_weights(str(checkpoint), version + 1)  # load, set version, resume
-            how = f"weights {checkpoint.name} loaded"
-        else:
-            client.set_version(version + 1)
-            client.resume()
-            how = "version raised"
+        push = step % args.push_every == 0
+
+        def train(batch):  # generation is paused in place while it runs
+            return train_step(batch, batch.stale_token_mask(client.version(),
+                                                            rollout.max_staleness))
+
+        def publish(version: int, step: int = step) -> str:  # where the replicas load from
+            return str(save_checkpoint(step, root))
+
+        # pause barrier -> train -> ack -> version + 1 (loading the checkpoint) -> resume
+        loss = client.train_step(batch, train, weights=publish if push else None)
+        how = f"weights step-{step:05d} loaded" if push else "version raised"
         print(f"step {step}: batch {batch.id[:8]} of {len(batch.groups)} groups (delivered "
               f"under v{batch.version}), loss {loss:.2f}; {how}; now v{client.version()}",
               flush=True)

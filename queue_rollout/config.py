@@ -152,6 +152,10 @@ class EngineConfig(_Section):
     sglang_args: list[str] = msgspec.field(default_factory=list)
 
 
+class CollectorConfig(_Section):
+    step_ms: PosFloat = 200.0  # one round: admission, the outbox, judgement, reconciler
+
+
 class LimitsConfig(_Section):
     max_prompt_bytes: PosInt = 1_048_576
     max_result_bytes: PosInt = 16_777_216
@@ -169,6 +173,7 @@ class Config(_Section):
     acceptance: AcceptanceConfig = msgspec.field(default_factory=AcceptanceConfig)
     workflow: WorkflowConfig = msgspec.field(default_factory=WorkflowConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    collector: CollectorConfig = msgspec.field(default_factory=CollectorConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 

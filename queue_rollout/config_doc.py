@@ -114,6 +114,12 @@ MEANINGS: dict[str, tuple[str, str]] = {
                              "（重试可复现 episode）。"),
     "engine.sglang_args": ("`node`: extra SGLang launch arguments, passed through.",
                            "`node`：额外的 SGLang 启动参数，原样传递。"),
+    "collector.step_ms": ("The collector's round (admission, the outbox, judgement, the "
+                          "reconciler) runs this often (ms). Lower it only for a farm whose "
+                          "episodes take well under a second (the benchmarks scale it with "
+                          "time).",
+                          "收集器每隔这么久（毫秒）运行一轮（准入、outbox、评判、对账器）。"
+                          "只有当 episode 远短于一秒时才需要调低（基准测试按时间比例缩放它）。"),
     "limits.max_prompt_bytes": ("Largest prompt accepted (bytes of JSON).",
                                 "可接受的最大提示（JSON 字节数）。"),
     "limits.max_result_bytes": ("Largest episode result; a larger one fails its episode.",

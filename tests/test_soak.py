@@ -28,6 +28,7 @@ import random
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -45,6 +46,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import Supervised, cli_exe, stop_all
+from queue_rollout.progress import LiveView
 from testkit import children, free_ports, wait_for
 
 G = 4
@@ -187,7 +189,10 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
         thread.start()
         plan = {0.25: "collector_kill", 0.5: "redis_kill", 0.75: "replica_kill"}
         next_kill = time.monotonic() + 1.0
+        # on a terminal (pytest -s), a live view of the groups delivered and the faults
+        view = LiveView("soak", groups, "groups", out=sys.__stderr__)
         while thread.is_alive() and time.monotonic() - t0 < 900:
+            view.show(len(delivered), faults=sum(faults.values()))
             done = len(delivered) / groups
             if len(delivered) >= 0.9 * groups:
                 plan.clear()  # the scheduled faults all come before the end
@@ -244,6 +249,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
             detections.poll()
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
+        view.close()
         thread.join(5)
         assert not failure, "the trainer failed: " + "".join(
             traceback.format_exception(failure[0]))

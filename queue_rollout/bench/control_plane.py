@@ -30,14 +30,14 @@ from rq import Queue, SimpleWorker
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from queue_rollout.bench.pilot import COLLECTOR_INTERVAL_S, wait_for_rq_workers
+from queue_rollout.bench.pilot import wait_for_rq_workers
 from queue_rollout.client.rollout import RolloutClient
-from queue_rollout.collector.loop import Collector
 from queue_rollout.config import Config
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.launch.up import LocalFarm, wait_for_workers
+from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.outbox import episode_queue
 from queue_rollout.procs import stop_all
 
@@ -106,27 +106,22 @@ def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Pat
                     "max_staleness": 100_000},
         "workflow": {"name": "noop"},
         "engine": {"replicas": 1, "slots_per_replica": workers, "threads_per_process": 1},
+        "metrics": {"port": free_port()},
         "timeouts": {"shutdown_grace": 2},
     }, Config)
     state.mkdir(parents=True, exist_ok=True)
     farm = LocalFarm(config, state / "farm.toml", log_dir=state)
     farm.start()
     stop = threading.Event()
-    thread = None
     try:
         client = RolloutClient(Ledger.from_config(connect(redis_url), config), config)
-        farm.keep()
-        wait_for_workers(client.ledger, farm, stop)
+        farm.wait_ready(stop)
         wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), workers)
-        collector = Collector(client.ledger, config, name=f"cp-{tag}")
-        thread = threading.Thread(target=collector.run, args=(stop, COLLECTOR_INTERVAL_S),
-                                  daemon=True)
-        thread.start()
         groups = episodes // GROUP
         t0 = time.monotonic()
         client.submit({"id": f"cp-{i}", "prompt": "noop"} for i in range(groups))
         for _ in range(groups // BATCH):
-            client.ack(client.get_batch(timeout=600, max_poll_s=0.02))
+            client.ack(client.get_batch(timeout=600))
         elapsed = time.monotonic() - t0
         finished = client.ledger.counters().get("finished", 0)
         if finished != groups * GROUP:
@@ -135,8 +130,6 @@ def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Pat
         return elapsed
     finally:
         stop.set()
-        if thread is not None:
-            thread.join(10)
         farm.stop()
 
 

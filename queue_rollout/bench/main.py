@@ -3,7 +3,10 @@ profile as it completes, and with ``--out`` writes a markdown report with plots.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -14,6 +17,7 @@ from typing import Any, TextIO
 from queue_rollout.bench.pilot import ModeRun, open_bench, run_pilot, window_sweep
 from queue_rollout.bench.profiles import PILOTS, Scale, Shape
 from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.progress import log_to_file
 
 ALL = (*PILOTS, "control-plane", "ledger")
 
@@ -32,6 +36,8 @@ class BenchArgs:
     ledger_seconds: float = 6.0
     ledger_rounds: int = 3
     command: str = "queue-rollout bench"  # for the report
+    workdir: Path | None = None  # its farms' state and logs (None: a temporary folder)
+    verbose: bool = False  # the processes' logs on the terminal instead of in workdir
 
 
 def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -39,10 +45,14 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
     shape = Shape(max_staleness=args.max_staleness)
     scale = Scale(time=args.time_scale, tokens=args.token_scale)
     started = time.monotonic()
+    live = err.isatty()  # a terminal shows live views; the lines go to the log
 
     def progress(line: str) -> None:
-        err.write(f"[{time.monotonic() - started:7.1f}s] {line}\n")
-        err.flush()
+        text = f"[{time.monotonic() - started:7.1f}s] {line}"
+        logging.getLogger("queue_rollout.bench").info(text)
+        if not live or args.verbose:
+            err.write(text + "\n")
+            err.flush()
 
     pilots = [p for p in profiles if p in PILOTS]
     if pilots:
@@ -61,10 +71,18 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
         out.write((json.dumps(result) if args.json else text) + "\n")
         out.flush()
 
-    with tempfile.TemporaryDirectory(prefix="qr-bench-") as tmp, \
-            EmbeddedRedis(tmp, write_url=False) as redis_server:
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qr-bench-")))
+        else:
+            work = args.workdir.resolve()
+            shutil.rmtree(work, ignore_errors=True)
+            if not args.verbose:
+                log_to_file(work / "bench.log")
+        redis_server = stack.enter_context(EmbeddedRedis(work / "redis", write_url=False))
         if pilots:
-            bench = open_bench(Path(tmp) / "pilots", shape, scale, redis_server.url, progress)
+            bench = open_bench(work / "pilots", shape, scale, redis_server.url, progress,
+                               logs=not args.verbose)
             try:
                 for name in pilots:
                     result, runs[name] = run_pilot(bench, PILOTS[name], shape.max_staleness)
@@ -104,4 +122,6 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
         path = write_report(args.out, results, runs, sweeps, args.command)
         progress(f"report written to {path}")
     progress(f"bench done in {time.monotonic() - started:.0f}s")
+    if args.workdir is not None and not args.verbose:
+        err.write(f"logs: {args.workdir.resolve()}\n")
     return 0

@@ -30,21 +30,19 @@ import msgspec
 from rq import Queue, Worker
 
 from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
-from queue_rollout.client.rollout import RolloutClient
-from queue_rollout.collector.loop import Collector
+from queue_rollout.client.rollout import RolloutClient, stand_in_training
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.launch.up import LocalFarm, start_sim_engines, wait_for_workers
+from queue_rollout.launch.up import LocalFarm, start_sim_engines
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.outbox import episode_queue
 from queue_rollout.procs import Supervised, stop_all
+from queue_rollout.progress import LiveView
 from queue_rollout.virtual.clock import ManualClock
 from queue_rollout.virtual.farm import SimFarm, SimReport
-
-COLLECTOR_INTERVAL_S = 0.01  # the bench's collector steps this often (`collector`: 0.2 s)
-TRAINER_POLL_S = 0.01
 
 
 @dataclass
@@ -147,6 +145,7 @@ class Bench:
     scale: Scale
     workdir: Path
     progress: Callable[[str], None] = lambda line: None
+    logs: bool = True  # the processes' logs in files under workdir (else on stderr)
     engines: list[Supervised] = field(default_factory=list)
     engine_urls: list[str] = field(default_factory=list)
     runs: int = 0
@@ -162,8 +161,9 @@ class Bench:
         (self.workdir / "requests").mkdir(parents=True, exist_ok=True)
         path = self.workdir / "engines.toml"
         path.write_text("")  # the engines take their timing from the command line
-        self.engines, self.engine_urls = start_sim_engines(config, path,
-                                                           self.workdir / "requests")
+        self.engines, self.engine_urls = start_sim_engines(
+            config, path, self.workdir / "requests",
+            log_dir=self.workdir if self.logs else None)
 
     def stop(self) -> None:
         stop_all((e.proc for e in self.engines if e.proc), 10)
@@ -189,55 +189,47 @@ class Bench:
                      "redis_url": self.redis_url, "state_dir": str(state)},
             "rollout": self.rollout(mode, max_staleness),
             "engine": self.engine_section(),
+            "collector": {"step_ms": self.scale.collector_step_ms},
+            "metrics": {"port": free_port()},
             "timeouts": {"shutdown_grace": 2, "pause_barrier": 30},
         }, Config)
         state.mkdir(parents=True, exist_ok=True)
         farm = LocalFarm(config, state / "farm.toml", engine_urls=self.engine_urls,
-                         log_dir=state)
+                         log_dir=state if self.logs else None)
         farm.start()
         stop = threading.Event()
         run = ModeRun(mode, s.slots)
-        collector_thread = None
         try:
             client = RolloutClient(Ledger.from_config(connect(self.redis_url), config), config)
-            farm.keep()
-            wait_for_workers(client.ledger, farm, stop)
+            farm.wait_ready(stop)
             wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), s.slots)
-            collector = Collector(client.ledger, config, name=f"bench-{mode}")
-            collector_thread = threading.Thread(
-                target=collector.run, args=(stop, COLLECTOR_INTERVAL_S), daemon=True)
-            collector_thread.start()
             batches = -(-len(prompts) // s.batch_size)
             t0 = time.monotonic()
             client.submit(prompts)
+            view = LiveView(f"{profile.name} {mode}", batches, "batches")
             for k in range(batches):
-                batch = client.get_batch(timeout=1800, max_poll_s=TRAINER_POLL_S)
+                batch = client.get_batch(timeout=1800, max_poll_s=self.scale.trainer_poll_s)
                 now = time.monotonic() - t0
                 run.ready.append(now)
                 run.accepted_at_ready.append(client.ledger.counters().get("accepted", 0))
                 for g in batch.groups:
                     run.delivered[g.id] = [len(m.output_ids) for m in g.members]
                     run.delivered_prompts.append(g.prompt)
-                if k < s.train_batches:  # a training step, generation paused in place
-                    client.pause()
-                    time.sleep(train_s)
-                    client.ack(batch)
-                    client.set_version(client.version() + 1)
-                    client.resume()
+                training = k < s.train_batches  # then the drain: no pause, no training
+                client.train_step(batch, stand_in_training(train_s if training else 0.0),
+                                  pause=training)
+                if training:
                     run.pauses.append((now, time.monotonic() - t0))
-                else:  # the drain: no pause, the version still raised (the budget grows)
-                    client.ack(batch)
-                    client.set_version(client.version() + 1)
                 self.progress(f"{profile.name} {mode}: batch {k + 1}/{batches} ready at "
                               f"{now:.2f}s")
+                view.show(k + 1, ready=f"{now:.1f}s")
+            view.close()
             run.counters = client.ledger.counters()
             run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
                                           s.batch_size).problems
             run.requests = self._requests(t0, t0 + run.all_work_s + 1.0)
         finally:
             stop.set()
-            if collector_thread is not None:
-                collector_thread.join(10)
             farm.stop()
         run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}")
         return run
@@ -365,10 +357,11 @@ def run_pilot(bench: Bench, profile: Profile, max_staleness: int
 
 
 def open_bench(workdir: Path | None, shape: Shape, scale: Scale, redis_url: str,
-               progress: Callable[[str], None]) -> Bench:
-    """A started :class:`Bench`; call ``stop()`` when done."""
+               progress: Callable[[str], None], *, logs: bool = True) -> Bench:
+    """A started :class:`Bench`; call ``stop()`` when done. With *logs*, the farms'
+    processes log to files in *workdir*, else to this process's stderr."""
     path = Path(workdir or tempfile.mkdtemp(prefix="qr-bench-"))
-    bench = Bench(redis_url, shape, scale, path, progress)
+    bench = Bench(redis_url, shape, scale, path, progress, logs=logs)
     bench.start()
     return bench
 

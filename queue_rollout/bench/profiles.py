@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from queue_rollout.client.rollout import MAX_POLL_S
+from queue_rollout.config import CollectorConfig
 from queue_rollout.virtual.farm import long_tail_lengths
 
 
@@ -61,8 +63,20 @@ class Scale:
     def step_factor(self) -> float:
         return self.time / self.tokens
 
+    @property
+    def collector_step_ms(self) -> float:
+        """The collector's step (``collector.step_ms``, shipped 200 ms), scaled by time."""
+        return CollectorConfig().step_ms * self.time
+
+    @property
+    def trainer_poll_s(self) -> float:
+        """How far apart the trainer polls for a batch at most (shipped 0.5 s), scaled."""
+        return MAX_POLL_S * self.time
+
     def as_json(self) -> dict[str, float]:
-        return {"time": self.time, "tokens": self.tokens}
+        return {"time": self.time, "tokens": self.tokens,
+                "collector_step_ms": self.collector_step_ms,
+                "trainer_poll_s": self.trainer_poll_s}
 
 
 def _unit(*parts: object) -> float:

@@ -1,17 +1,20 @@
 """``queue-rollout demo``: the real stack, both admission modes, side by side.
 
 An embedded Redis, 2 simulated replicas with 8 slots each, one worker per replica
-(8 episode workers each), the collector, and a trainer that takes each batch, pauses
-the farm (barrier), "trains" for ``TRAIN_S``, raises the policy version and resumes.
+(8 episode workers each), the collector (each a process, as ``up`` runs them), and a
+trainer that takes each batch, pauses the farm (barrier), "trains" for ``TRAIN_S``,
+acknowledges the batch, raises the policy version and resumes
+(:meth:`~queue_rollout.client.rollout.RolloutClient.train_step`).
 The prompt set is the long-tail profile at a small scale: per group of 4, three short
 episodes and one long one (its position rotating by prompt). It runs group admission,
-then sample refill, and prints a live line, then a summary.
+then sample refill, with a live view on a terminal, then a summary; the processes'
+logs go under ``<state_dir>/demo/logs``.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,17 +23,18 @@ from typing import Any, TextIO
 
 import msgspec
 
-from queue_rollout.client.rollout import RolloutClient
-from queue_rollout.collector.loop import Collector
+from queue_rollout.client.rollout import RolloutClient, stand_in_training
 from queue_rollout.config import Config
-from queue_rollout.launch.up import LocalFarm, wait_for_workers
+from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+from queue_rollout.progress import LiveView, log_to_file
 
 GROUP, BATCH, PROMPTS, SHORT, LONG = 4, 4, 32, 256, 2048
 REPLICAS, SLOTS = 2, 8
 TRAIN_S, TRAIN_BATCHES = 1.0, 4
+TIME_SCALE = 4  # the replicas decode, and the collector steps, this much faster
 
 
 def demo_prompts(n: int = PROMPTS) -> list[dict[str, Any]]:
@@ -39,17 +43,19 @@ def demo_prompts(n: int = PROMPTS) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def mode_config(base: Config, redis_url: str, mode: str, state_dir: str) -> Config:
-    rollout = {"group_size": GROUP, "batch_size": BATCH, "max_staleness": 2,
-               "max_concurrent_rollouts": REPLICAS * SLOTS // GROUP}
+def mode_config(base: Config, redis_url: str, mode: str, state_dir: Path) -> Config:
+    rollout: dict[str, Any] = {"group_size": GROUP, "batch_size": BATCH, "max_staleness": 2,
+                               "max_concurrent_rollouts": REPLICAS * SLOTS // GROUP}
     if mode == "sample":
         rollout["max_concurrent_samples"] = REPLICAS * SLOTS
     return msgspec.convert({
-        "farm": {"name": f"demo-{mode}", "redis_url": redis_url, "state_dir": state_dir},
+        "farm": {"name": f"demo-{mode}", "redis_url": redis_url, "state_dir": str(state_dir)},
         "rollout": rollout,
         "engine": {"replicas": REPLICAS, "slots_per_replica": SLOTS,
-                   "step_ms": base.engine.step_ms / 4, "step_ms_per_request":
-                   base.engine.step_ms_per_request / 4},
+                   "step_ms": base.engine.step_ms / TIME_SCALE,
+                   "step_ms_per_request": base.engine.step_ms_per_request / TIME_SCALE},
+        "collector": {"step_ms": base.collector.step_ms / TIME_SCALE},
+        "metrics": {"port": free_port()},
         "timeouts": {"shutdown_grace": 2, "pause_barrier": 30},
     }, Config)
 
@@ -77,54 +83,46 @@ class ModeReport:
         return sum(iv) / len(iv) if iv else float("nan")
 
 
-def run_mode(base: Config, redis_url: str, mode: str, out: TextIO) -> ModeReport:
-    with tempfile.TemporaryDirectory(prefix=f"qr-demo-{mode}-") as state:
-        config = mode_config(base, redis_url, mode, state)
-        farm = LocalFarm(config, Path(state) / "farm.toml")
-        farm.start()
-        stop = threading.Event()
-        report = ModeReport(mode)
-        try:
-            farm.keep()
-            client = RolloutClient(Ledger.from_config(connect(redis_url), config), config)
-            collector = Collector(client.ledger, config, name=f"demo-{mode}")
-            threading.Thread(target=collector.run, args=(stop, 0.05), daemon=True).start()
-            sampler = threading.Thread(target=_sample, args=(client, report, stop, out),
+def run_mode(base: Config, redis_url: str, mode: str, root: Path,
+             logs: Path | None) -> ModeReport:
+    config = mode_config(base, redis_url, mode, root / mode)
+    farm = LocalFarm(config, root / mode / "farm.toml",
+                     log_dir=None if logs is None else logs / mode)
+    farm.start()
+    stop = threading.Event()
+    report = ModeReport(mode)
+    try:
+        farm.wait_ready(stop)
+        client = RolloutClient(Ledger.from_config(connect(redis_url), config), config)
+        client.submit(demo_prompts())
+        t0 = time.monotonic()
+        with LiveView(f"{mode:>6}", PROMPTS, "groups") as view:
+            sampler = threading.Thread(target=_sample, args=(client, report, stop, view),
                                        daemon=True)
-            wait_for_workers(client.ledger, farm, stop)
-            client.submit(demo_prompts())
-            t0 = time.monotonic()
-            report.seconds = -t0
             sampler.start()
-            total_batches = PROMPTS // BATCH
-            for k in range(total_batches):
+            for k in range(PROMPTS // BATCH):
                 batch = client.get_batch(timeout=300)
                 report.ready_times.append(time.monotonic() - t0)
-                client.ack(batch)
-                if k < TRAIN_BATCHES:  # a training step: pause, train, new weights, resume
-                    client.pause()
-                    time.sleep(TRAIN_S)
-                    client.set_version(client.version() + 1)
-                    client.resume()
+                training = k < TRAIN_BATCHES  # then the drain: no pause, no training
+                client.train_step(batch, stand_in_training(TRAIN_S if training else 0.0),
+                                  pause=training)
+                if training:
                     report.resumed_times.append(time.monotonic() - t0)
-                else:  # the drain: consumed without a pause (the budget still grows)
-                    client.set_version(client.version() + 1)
                 report.batches += 1
-            report.seconds += time.monotonic()
-            c = client.ledger.counters()
-            report.accepted, report.rejected = c.get("accepted", 0), c.get("rejected", 0)
-        finally:
+            report.seconds = time.monotonic() - t0
             stop.set()
-            farm.stop()
-        out.write("\n")
-        return report
+            sampler.join(5)
+        c = client.ledger.counters()
+        report.accepted, report.rejected = c.get("accepted", 0), c.get("rejected", 0)
+    finally:
+        stop.set()
+        farm.stop()
+    return report
 
 
 def _sample(client: RolloutClient, report: ModeReport, stop: threading.Event,
-            out: TextIO) -> None:
-    tty = out.isatty()
+            view: LiveView) -> None:
     last = time.monotonic()
-    shown = 0.0
     while not stop.wait(0.1):
         s = client.status()
         now = time.monotonic()
@@ -132,28 +130,29 @@ def _sample(client: RolloutClient, report: ModeReport, stop: threading.Event,
             report.active_area += s["active_episodes"] * (now - last)
             report.generating += now - last
         last = now
-        if now - shown < (0.2 if tty else 2.0):
-            continue
-        shown = now
         g = s["groups"]
-        done = g["consumed"]
-        bar = "#" * (20 * done // PROMPTS) + "." * (20 - 20 * done // PROMPTS)
-        line = (f"{report.mode:>6} [{bar}] {done:>2}/{PROMPTS} groups consumed  slots "
-                f"{s['reserved']:>2}/{s['capacity']} reserved, {s['active_episodes']:>2} running  "
-                f"groups {g['pending']:>2} pending {g['in_flight']:>2} in flight "
-                f"{g['ready']:>2} ready  v{s['version']}{'  paused' if s['paused'] else ''}")
-        out.write(("\r" + line) if tty else line + "\n")
-        out.flush()
+        view.show(g["consumed"], slots=f"{s['reserved']}/{s['capacity']}",
+                  running=s["active_episodes"], pending=g["pending"],
+                  in_flight=g["in_flight"], ready=g["ready"],
+                  version=f"v{s['version']}{' paused' if s['paused'] else ''}")
 
 
-def run_stack_demo(base: Config, out: TextIO = sys.stdout) -> int:
+def run_stack_demo(base: Config, out: TextIO = sys.stdout, *, verbose: bool = False) -> int:
+    """Both modes on the real stack, then the summary. Every process's log goes under
+    ``<state_dir>/demo/logs`` (the terminal shows them with *verbose*)."""
+    root = Path(base.farm.state_dir).resolve() / "demo"
+    shutil.rmtree(root, ignore_errors=True)
+    logs = root / "logs"
+    if not verbose:
+        log_to_file(logs / "demo.log")
     out.write(f"queue-rollout demo: {PROMPTS} prompts x G={GROUP} ({GROUP - 1} x {SHORT} + "
               f"1 x {LONG} tokens), B={BATCH}, {REPLICAS} simulated replicas x {SLOTS} slots, "
               f"a {TRAIN_S:g} s training pause x {TRAIN_BATCHES}; embedded Redis, workers, "
               "collector: the real stack\n")
-    with tempfile.TemporaryDirectory(prefix="qr-demo-") as tmp, \
-            EmbeddedRedis(tmp, write_url=False) as redis_server:
-        reports = [run_mode(base, redis_server.url, mode, out) for mode in ("group", "sample")]
+    out.flush()
+    with EmbeddedRedis(root / "redis", write_url=False) as redis_server:
+        reports = [run_mode(base, redis_server.url, mode, root, None if verbose else logs)
+                   for mode in ("group", "sample")]
     g, s = reports
     rows = [
         ("groups accepted", g.accepted, s.accepted, "d"),
@@ -170,4 +169,6 @@ def run_stack_demo(base: Config, out: TextIO = sys.stdout) -> int:
         out.write(f"  {name:<28}{format(a, fmt):>13}{format(b, fmt):>15}\n")
     out.write("\n(real processes and wall-clock seconds on this machine; "
               "`queue-rollout demo --virtual` runs the reference shape in virtual time)\n")
+    if not verbose:
+        out.write(f"logs: {logs}\n")
     return 0

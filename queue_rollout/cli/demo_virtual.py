@@ -1,11 +1,10 @@
-"""``queue-rollout demo``: both admission modes on the long-tail profile, side by side.
+"""``queue-rollout demo --virtual``: both admission modes on the long-tail profile.
 
-This release's demo drives the real ledger (Lua scripts on an embedded redis-server)
-with simulated replicas in virtual time (:mod:`queue_rollout.virtual.farm`); RQ workers and
-the collector join it in later releases. It runs the reference shape from the
-embedded defaults (G=8, B=16, 8 replicas x 16 slots, max_staleness 2, a 10 s training
-pause per batch for 6 batches, then drain), once with group admission and once with
-sample-level refill, and prints what changed.
+The real ledger (Lua scripts on an embedded redis-server) with simulated replicas in
+virtual time (:mod:`queue_rollout.virtual.farm`), so the reference shape runs in
+seconds: the embedded defaults (G=8, B=16, 8 replicas x 16 slots, max_staleness 2, a
+10 s training pause per batch for 6 batches, then drain), once with group admission
+and once with sample-level refill, and prints what changed.
 """
 
 from __future__ import annotations
@@ -22,39 +21,24 @@ from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.progress import LiveView
 from queue_rollout.virtual.clock import ManualClock
 from queue_rollout.virtual.farm import SimFarm, SimReport, long_tail_lengths
 
 TRAIN_S = 10.0
 
 
-def _progress(label: str, total: int, stream: TextIO) -> Callable[[SimFarm], None]:
-    """A bar redrawn in place on a terminal; elsewhere one line per delivered batch."""
-    tty = stream.isatty()
-    shown = {"at": 0.0, "batches": -1}
-
+def _progress(view: LiveView) -> Callable[[SimFarm], None]:
     def show(farm: SimFarm) -> None:
-        finished = farm.done_groups >= total
-        batches = len(farm.ready_times)
-        if tty:
-            if time.monotonic() - shown["at"] < 0.1 and not finished:
-                return
-        elif batches == shown["batches"] and not finished:
-            return
-        shown["at"], shown["batches"] = time.monotonic(), batches
-        filled = 30 * farm.done_groups // total
         running = sum(len(r.running) for r in farm.replicas)
-        line = (f"{label:<16} [{'#' * filled}{'.' * (30 - filled)}] "
-                f"{farm.done_groups:>4}/{total} groups  {running:>3}/{farm.slots} slots busy  "
-                f"batches {batches}  t={farm.elapsed:7.1f}s (sim)")
-        stream.write(("\r" + line + ("\n" if finished else "")) if tty else line + "\n")
-        stream.flush()
+        view.show(farm.done_groups, slots=f"{running}/{farm.slots}",
+                  batches=len(farm.ready_times), t=f"{farm.elapsed:.1f}s (sim)")
 
     return show
 
 
 def _run_mode(client: redis.Redis, config: Config, rollout: RolloutConfig, farm: str,
-              prompts: int, batches: int, stream: TextIO, label: str) -> SimReport:
+              prompts: int, batches: int, label: str) -> SimReport:
     clock = ManualClock()
     ledger = Ledger(client, farm, rollout, clock=clock)
     e = config.engine
@@ -63,9 +47,10 @@ def _run_mode(client: redis.Redis, config: Config, rollout: RolloutConfig, farm:
         replicas=e.replicas, slots_per_replica=e.slots_per_replica, step_ms=e.step_ms,
         step_ms_per_request=e.step_ms_per_request, train_s=TRAIN_S, train_batches=batches,
         capacity_slots=e.replicas * e.slots_per_replica,
-        on_progress=_progress(label, prompts, stream),
     )
-    return sim.run()
+    with LiveView(label, prompts, "groups") as view:
+        sim.on_progress = _progress(view)
+        return sim.run()
 
 
 def _row(name: str, g: float, s: float, fmt: str) -> str:
@@ -116,9 +101,9 @@ def run_demo(config: Config, *, prompts: int = 128, batches: int = 6,
         try:
             stamp = f"{config.farm.name}-demo-{int(time.time())}"
             group = _run_mode(client, config, group_mode, f"{stamp}-group", prompts, batches,
-                              out, "group admission")
+                              "group admission")
             sample = _run_mode(client, config, sample_mode, f"{stamp}-sample", prompts,
-                               batches, out, "sample refill")
+                               batches, "sample refill")
         finally:
             client.close()
             if server is not None:

@@ -96,7 +96,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         max_staleness=args.max_staleness, time_scale=args.time_scale,
         token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
         ledger_clients=args.clients, ledger_seconds=args.seconds, ledger_rounds=args.rounds,
-        command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
+        command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
 
 
 def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
@@ -106,7 +107,7 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
         return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
     from queue_rollout.cli.demo import run_stack_demo
 
-    return run_stack_demo(config, out=sys.stdout)
+    return run_stack_demo(config, out=sys.stdout, verbose=args.verbose)
 
 
 def _cmd_up(config: Config, args: argparse.Namespace) -> int:

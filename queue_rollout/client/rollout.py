@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from queue_rollout.client.prompts import check_prompt, known_ids_refusal
 from queue_rollout.config import Config, load_config
@@ -35,6 +35,8 @@ from queue_rollout.ledger.status import farm_status
 from queue_rollout.results import decode_result
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_POLL_S = 0.5  # get_batch polls the ledger at most this far apart
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,15 @@ class Batch:
                 for g in self.groups]
 
 
+def stand_in_training(seconds: float) -> Callable[[Batch], None]:
+    """A training step that only takes *seconds* (the demo's and the benchmarks' fixed
+    training interval), for :meth:`RolloutClient.train_step`."""
+    def train(batch: Batch) -> None:
+        time.sleep(seconds)
+
+    return train
+
+
 class RolloutClient:
     def __init__(self, ledger: Ledger, config: Config, consumer: str = "trainer-0") -> None:
         self.ledger = ledger
@@ -100,7 +111,8 @@ class RolloutClient:
             raise BadInput(known_ids_refusal(answer.duplicates, seen))
         return answer.count
 
-    def get_batch(self, timeout: float | None = None, max_poll_s: float = 0.5) -> Batch:
+    def get_batch(self, timeout: float | None = None,
+                  max_poll_s: float = MAX_POLL_S) -> Batch:
         """Wait for exactly B complete, accepted groups (or this consumer's unacknowledged
         batch); raises BarrierTimeout after *timeout* seconds. The ledger is polled at
         intervals growing from 20 ms to *max_poll_s*; while Redis is unreachable it is
@@ -186,6 +198,28 @@ class RolloutClient:
             raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")
         self.set_version(version)
         self.resume()
+
+    def train_step(self, batch: Batch, train: Callable[[Batch], T], *, pause: bool = True,
+                   weights: Callable[[int], str | None] | None = None) -> T:
+        """One step of the trainer's loop: the pause barrier (every live worker has
+        paused its replica), *train* on the batch, acknowledge it, raise the policy
+        version by one, resume. *weights*, given the new version after training, may
+        return a checkpoint path: every replica then loads it (:meth:`update_weights`)
+        before generation resumes. ``pause=False`` trains while generation goes on
+        (a drain, or a trainer on other GPUs). Returns what *train* returned."""
+        if pause:
+            self.pause()
+        result = train(batch)
+        self.ack(batch)
+        version = self.version() + 1
+        path = weights(version) if weights is not None else None
+        if path is not None:
+            self.update_weights(path, version)  # loads, sets the version, resumes
+        else:
+            self.set_version(version)
+            if pause:
+                self.resume()
+        return result
 
     def version(self) -> int:
         return self.ledger.version()

@@ -1,7 +1,8 @@
 """The collector: admission, the outbox, group judgement and the reconciler, under a
 leader lease so that a standby collector takes over when the leader dies.
 
-Each :meth:`Collector.step` (a few times a second) does, as leader:
+Each :meth:`Collector.step` (every ``collector.step_ms``, 200 ms by default) does, as
+leader:
 
 1. admit pending prompts while pause, staleness budget and capacity allow (each
    refusal is counted by reason in the ledger);
@@ -157,7 +158,16 @@ class Collector:
 
     # -- the loop --------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, interval: float = 0.2) -> None:
+    def start(self, stop: threading.Event) -> threading.Thread:
+        """:meth:`run` in a daemon thread (named ``collector``) until *stop* is set."""
+        thread = threading.Thread(target=self.run, args=(stop,), daemon=True,
+                                  name="collector")
+        thread.start()
+        return thread
+
+    def run(self, stop: threading.Event) -> None:
+        """A step every ``collector.step_ms`` until *stop* is set."""
+        interval = self.config.collector.step_ms / 1000.0
         was_leader = None
         while not stop.is_set():
             try:

@@ -130,7 +130,9 @@ def small_long_tail(tmp_path_factory, redis_server):
 def test_a_small_long_tail_pilot_runs_both_modes_through_the_stack(small_long_tail):
     result, runs, sweep, lines = small_long_tail
     assert result["profile"] == "long-tail"
-    assert result["scale"] == {"time": 0.02, "tokens": 1 / 32}
+    # the collector and the trainer's polling run at the shipped settings, scaled in time
+    assert result["scale"] == {"time": 0.02, "tokens": 1 / 32, "collector_step_ms": 4.0,
+                               "trainer_poll_s": 0.01}
     keys = {"mean_rollout_interval_s", "all_work_completion_s", "mean_active_episodes",
             "slot_occupancy", "ideal_ratio", "accepted_groups_per_hour", "output_tokens"}
     for mode in ("group", "sample"):

@@ -45,23 +45,50 @@ def test_the_virtual_demo_prints_progress_and_a_summary(redis_url):
     config = Config()
     assert run_demo(config, prompts=32, batches=1, out=out) == 0
     text = out.getvalue()
-    assert "sample refill    [##############################]   32/32 groups" in text
     assert "groups accepted                               32            32" in text
     assert "all-work completion (s)" in text and "slot occupancy" in text
 
 
-def test_the_stack_demo_runs_both_modes_through_real_processes():
+def test_the_stack_demo_runs_both_modes_through_real_processes_and_keeps_logs_off_screen(
+        tmp_path):
+    import re
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
-    done = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    assert "sample [" in out and "groups consumed" in out  # progress lines
     assert "groups accepted                        32             32" in out
     assert "batches                                 8              8" in out
     for row in ("mean rollout interval (s)", "mean active episodes", "slot occupancy"):
         assert row in out
+    # no process's log on the terminal (the live view draws only on a terminal)
+    logline = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR)\b")
+    assert [line for line in (out + done.stderr).splitlines() if logline.search(line)] == []
+    logs = tmp_path / ".queue-rollout" / "demo" / "logs"
+    assert out.rstrip().endswith(f"logs: {logs}")
+    for mode in ("group", "sample"):
+        names = {p.name for p in (logs / mode).iterdir()}
+        assert {"worker-0.log", "worker-1.log", "replica-0.log", "collector.log"} <= names
+        assert "episode process" in (logs / mode / "worker-0.log").read_text()
+    assert "worker gpu0 started" in (logs / "demo.log").read_text()
+
+
+def test_the_live_view_draws_on_a_terminal_and_stays_silent_elsewhere():
+    from queue_rollout.progress import LiveView
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    for out in (tty, pipe):
+        with LiveView("sample", 32, "groups", out=out) as view:
+            view.show(12, slots="14/16", ready=2)
+    assert "sample" in tty.getvalue() and "12/32" in tty.getvalue()
+    assert "slots=14/16" in tty.getvalue() and "ready=2" in tty.getvalue()
+    assert pipe.getvalue() == ""

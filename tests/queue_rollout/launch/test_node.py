@@ -116,7 +116,7 @@ def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_sto
         config = load_config(toml)
         client = RolloutClient.from_config(config)
         collector = Collector(client.ledger, config, name="test")
-        threading.Thread(target=collector.run, args=(stop, 0.05), daemon=True).start()
+        collector.start(stop)
         client.submit([{"id": f"p{i}", "prompt": "x", "member_lengths": [20, 40]}
                        for i in range(4)])
         for _ in range(4):
