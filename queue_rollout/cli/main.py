@@ -89,6 +89,24 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
 
+    if args.profile == "redis-load":
+        from queue_rollout.bench.redis_load import redis_load_text, run_redis_load_bench
+        from queue_rollout.progress import log_to_file
+
+        work = (Path(config.farm.state_dir) / "bench-redis-load").resolve()
+        if not args.verbose:
+            log_to_file(work / "bench.log")
+        load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,
+                                    idle_s=args.idle_s, run_s=args.run_s,
+                                    burst_groups=args.burst_groups, workdir=work,
+                                    logs=not args.verbose,
+                                    progress=lambda line: print(line, file=sys.stderr))
+        result = load.as_json()
+        print(json.dumps(result) if args.json else redis_load_text(result))
+        if not args.verbose:
+            print(f"logs: {work}", file=sys.stderr)
+        return 0
+
     from queue_rollout.bench.main import BenchArgs, run_bench
 
     return run_bench(BenchArgs(
@@ -314,12 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
             "benchmarks: the pilots through the real stack, the control plane, the ledger")
     p.add_argument("--profile", default="all",
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
-                            "control-plane", "ledger", "all", "sim-replica"],
+                            "control-plane", "ledger", "all", "sim-replica", "redis-load"],
                    help="pilots (long-tail, equal, group-between, mixed-tail): both "
                         "admission modes through the real stack; control-plane: no-op "
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; all: every one of these (default); sim-replica: CPU of "
-                        "one simulated replica holding --requests")
+                        "one simulated replica holding --requests; redis-load: what a farm "
+                        "of --gpus costs Redis, idle, per episode and per running episode")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
                    "(needs matplotlib: queue-rollout[bench])")
@@ -342,6 +361,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ledger: alternating segments of each kind (default 3)")
     p.add_argument("--requests", type=_positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
+    p.add_argument("--gpus", type=_positive, default=8,
+                   help="redis-load: simulated GPUs (default 8)")
+    p.add_argument("--slots-per-gpu", type=_positive, default=16,
+                   help="redis-load: episode slots per GPU, threads of one process (16)")
+    p.add_argument("--idle-s", type=float, default=30.0,
+                   help="redis-load: seconds measured with nothing to do (default 30)")
+    p.add_argument("--run-s", type=float, default=30.0,
+                   help="redis-load: seconds measured with every slot running (default 30)")
+    p.add_argument("--burst-groups", type=_positive, default=160,
+                   help="redis-load: groups of 8 tiny episodes in the burst (default 160)")
     return parser
 
 

@@ -1,0 +1,323 @@
+"""``queue-rollout bench --profile redis-load``: what the control plane costs Redis,
+measured by Redis itself.
+
+One private Redis; every figure comes from its ``INFO commandstats`` (calls, commands
+run inside scripts included), ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) and
+``INFO clients``. The bench's own ``INFO`` calls are left out.
+
+1. **Baseline**: the Redis with nothing attached, for ``idle_s``: its own cost,
+   subtracted from every phase after.
+2. **Idle farm**: an ``up``-shaped farm of ``gpus`` simulated GPUs (each its own sim
+   replica, worker supervisor and episode process of ``slots`` threads) and the
+   collector, with nothing to do, for ``idle_s``: calls/s, Redis CPU and connections
+   per GPU.
+3. **Burst**: ``burst_groups`` groups of tiny episodes through the whole farm (submit,
+   admission, RQ, the workers, judgement, batches taken and acknowledged): Redis
+   commands and CPU per episode, the idle rate subtracted.
+4. **Running**: every slot holding a long episode (its lease renewed every lease / 3),
+   for ``run_s``: the cost per running episode, the idle rate subtracted.
+
+Then the projection to a farm of ``PROJECT_GPUS`` x ``PROJECT_SLOTS`` slots with
+``PROJECT_EPISODE_S`` episodes: idle + busy (episodes/s x cost per episode) + running
+(leases), as a share of one core (Redis runs commands on one thread).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis
+
+from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.config import Config
+from queue_rollout.errors import InvariantViolation
+from queue_rollout.launch.up import LocalFarm
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+
+PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
+#: What one Redis must stay under (issue targets): per GPU idle, per episode, ...
+TARGETS = {"idle_calls_per_gpu_s": 4.0, "idle_core_pct_per_gpu": 0.02,
+           "connections_per_gpu": 20.0, "commands_per_episode": 60.0,
+           "redis_cpu_ms_per_episode": 0.35, "running_core_pct_per_episode": 0.001,
+           "projected_core_pct": 95.0}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of Redis's own counters."""
+
+    at: float
+    calls: dict[str, int]  # command -> calls (INFO commandstats), INFO itself left out
+    cpu_s: float  # used_cpu_sys + used_cpu_user
+    clients: int  # connected_clients
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def read(client: redis.Redis) -> Sample:
+    stats = client.info("commandstats")
+    cpu = client.info("cpu")
+    clients = client.info("clients")
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+             if name not in ("cmdstat_info",)}
+    return Sample(time.monotonic(), calls, float(cpu["used_cpu_sys"]) +
+                  float(cpu["used_cpu_user"]), int(clients["connected_clients"]))
+
+
+@dataclass(frozen=True)
+class Window:
+    """What happened between two samples."""
+
+    seconds: float
+    calls: dict[str, int]
+    cpu_s: float
+
+    @classmethod
+    def between(cls, a: Sample, b: Sample) -> Window:
+        calls = {k: b.calls.get(k, 0) - a.calls.get(k, 0) for k in b.calls}
+        return cls(b.at - a.at, {k: v for k, v in calls.items() if v}, b.cpu_s - a.cpu_s)
+
+    @property
+    def calls_per_s(self) -> float:
+        return sum(self.calls.values()) / self.seconds
+
+    @property
+    def core_pct(self) -> float:
+        return 100.0 * self.cpu_s / self.seconds
+
+
+@dataclass
+class RedisLoadResult:
+    gpus: int
+    slots_per_gpu: int
+    baseline: Window
+    idle: Window
+    connections: int  # the farm's, the bench's own left out
+    burst: Window
+    burst_episodes: int
+    running: Window
+    running_episodes: int
+    notes: list[str] = field(default_factory=list)
+
+    # -- per unit, above the empty server ---------------------------------------------
+
+    @property
+    def idle_calls_per_gpu_s(self) -> float:
+        return (self.idle.calls_per_s - self.baseline.calls_per_s) / self.gpus
+
+    @property
+    def idle_core_pct_per_gpu(self) -> float:
+        return (self.idle.core_pct - self.baseline.core_pct) / self.gpus
+
+    @property
+    def connections_per_gpu(self) -> float:
+        return self.connections / self.gpus
+
+    def _above_idle(self, w: Window) -> tuple[float, float]:
+        """(calls, cpu seconds) of *w* above the idle farm's rates."""
+        return (sum(w.calls.values()) - self.idle.calls_per_s * w.seconds,
+                w.cpu_s - self.idle.cpu_s / self.idle.seconds * w.seconds)
+
+    @property
+    def commands_per_episode(self) -> float:
+        return self._above_idle(self.burst)[0] / self.burst_episodes
+
+    @property
+    def redis_cpu_ms_per_episode(self) -> float:
+        return 1000.0 * self._above_idle(self.burst)[1] / self.burst_episodes
+
+    @property
+    def running_calls_per_episode_s(self) -> float:
+        return self._above_idle(self.running)[0] / self.running.seconds / self.running_episodes
+
+    @property
+    def running_core_pct_per_episode(self) -> float:
+        return (100.0 * self._above_idle(self.running)[1] / self.running.seconds
+                / self.running_episodes)
+
+    def episode_commands(self) -> dict[str, float]:
+        """Commands per episode by name (the burst, idle not subtracted), largest first."""
+        per = {k: v / self.burst_episodes for k, v in self.burst.calls.items()}
+        return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+    def projection(self, gpus: int = PROJECT_GPUS, slots: int = PROJECT_SLOTS,
+                   episode_s: float = PROJECT_EPISODE_S) -> dict[str, float]:
+        episodes_per_s = gpus * slots / episode_s
+        idle = self.idle_core_pct_per_gpu * gpus
+        busy = self.redis_cpu_ms_per_episode * episodes_per_s / 10.0  # ms/s -> % of a core
+        running = self.running_core_pct_per_episode * gpus * slots
+        return {"gpus": gpus, "slots": gpus * slots, "episode_s": episode_s,
+                "episodes_per_s": round(episodes_per_s, 1),
+                "idle_calls_per_s": round(self.idle_calls_per_gpu_s * gpus),
+                "idle_core_pct": round(idle, 2), "busy_core_pct": round(busy, 2),
+                "running_core_pct": round(running, 2),
+                "sum_core_pct": round(idle + busy + running, 2),
+                "connections": round(self.connections_per_gpu * gpus)}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "profile": "redis-load", "gpus": self.gpus, "slots_per_gpu": self.slots_per_gpu,
+            "baseline_core_pct": round(self.baseline.core_pct, 4),
+            "baseline_calls_per_s": round(self.baseline.calls_per_s, 2),
+            "idle_calls_per_gpu_s": round(self.idle_calls_per_gpu_s, 3),
+            "idle_core_pct_per_gpu": round(self.idle_core_pct_per_gpu, 5),
+            "connections_per_gpu": round(self.connections_per_gpu, 2),
+            "commands_per_episode": round(self.commands_per_episode, 2),
+            "redis_cpu_ms_per_episode": round(self.redis_cpu_ms_per_episode, 4),
+            "running_calls_per_episode_s": round(self.running_calls_per_episode_s, 4),
+            "running_core_pct_per_episode": round(self.running_core_pct_per_episode, 6),
+            "episode_commands": {k: round(v, 2) for k, v in
+                                 list(self.episode_commands().items())[:25]},
+            "idle_commands_per_gpu_s": {
+                k: round(v / self.idle.seconds / self.gpus, 3) for k, v in sorted(
+                    self.idle.calls.items(), key=lambda kv: -kv[1])[:15]},
+            "projection": self.projection(), "targets": TARGETS, "notes": self.notes,
+        }
+
+
+def _config(redis_url: str, state: Path, gpus: int, slots: int) -> Config:
+    return msgspec.convert({
+        "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state)},
+        "rollout": {"group_size": 8, "batch_size": 16, "max_concurrent_samples": gpus * slots,
+                    "max_staleness": 1_000_000},
+        "engine": {"replicas": gpus, "slots_per_replica": slots, "threads_per_process": slots,
+                   "step_ms": 4.5, "step_ms_per_request": 0.2},
+        "metrics": {"port": free_port()},
+        "timeouts": {"shutdown_grace": 2},
+    }, Config)
+
+
+def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0,
+                         burst_groups: int = 100, run_s: float = 20.0,
+                         workdir: Path, logs: bool = True,
+                         progress: Callable[[str], None] = lambda line: None
+                         ) -> RedisLoadResult:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with EmbeddedRedis(workdir / "redis", write_url=False) as server:
+        meter = connect(server.url)
+        progress(f"redis-load: baseline, the empty Redis for {idle_s:g}s")
+        a = read(meter)
+        time.sleep(idle_s)
+        baseline = Window.between(a, read(meter))
+        config = _config(server.url, workdir / "farm", gpus, slots)
+        farm = LocalFarm(config, workdir / "farm" / "farm.toml",
+                         log_dir=workdir / "logs" if logs else None)
+        farm.start()
+        stop = threading.Event()
+        try:
+            if not farm.wait_ready(stop):
+                raise InvariantViolation("bench redis-load: the farm did not come up")
+            client = RolloutClient(Ledger.from_config(connect(server.url), config), config)
+            _await_idle_rq_workers(meter, gpus * slots)
+            time.sleep(3.0)  # let start-up settle
+            progress(f"redis-load: {gpus} GPUs x {slots} slots idle for {idle_s:g}s")
+            a = read(meter)
+            time.sleep(idle_s)
+            b = read(meter)
+            idle = Window.between(a, b)
+            connections = b.clients - 2  # the meter and the trainer client
+            progress(f"redis-load: a burst of {burst_groups} groups of 8 tiny episodes")
+            burst, episodes = _burst(client, meter, burst_groups)
+            progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
+            running, held = _running(client, meter, gpus * slots, run_s)
+        finally:
+            stop.set()
+            farm.stop()
+            meter.close()
+    return RedisLoadResult(gpus, slots, baseline, idle, connections, burst, episodes,
+                           running, held)
+
+
+def _await_idle_rq_workers(client: redis.Redis, count: int, timeout: float = 120.0) -> None:
+    from rq import Worker
+    from rq.serializers import JSONSerializer
+
+    deadline = time.monotonic() + timeout
+    while len(Worker.all(connection=client, serializer=JSONSerializer)) < count:
+        if time.monotonic() > deadline:
+            raise InvariantViolation(f"bench redis-load: fewer than {count} RQ workers")
+        time.sleep(0.5)
+
+
+def _burst(client: RolloutClient, meter: redis.Redis, groups: int) -> tuple[Window, int]:
+    g, b = client.config.rollout.group_size, client.config.rollout.batch_size
+    groups -= groups % b
+    prompts = [{"id": f"burst-{i}", "prompt": "x", "member_lengths": [4] * g}
+               for i in range(groups)]
+    a = read(meter)
+    client.submit(prompts)
+    for _ in range(groups // b):
+        batch = client.get_batch(timeout=300)
+        client.train_step(batch, lambda _: None, pause=False)
+    done = read(meter)
+    finished = client.ledger.counters().get("finished", 0)
+    if finished != groups * g:
+        raise InvariantViolation(f"bench redis-load: {finished} episodes of {groups * g}")
+    return Window.between(a, done), groups * g
+
+
+def _running(client: RolloutClient, meter: redis.Redis, slots: int, run_s: float
+             ) -> tuple[Window, int]:
+    g = client.config.rollout.group_size
+    step_s = (4.5 + 0.2 * 16) / 1000.0
+    tokens = int((run_s + 30.0) / step_s)  # longer than the window and the fill
+    client.submit([{"id": f"long-{i}", "prompt": "x", "member_lengths": [tokens] * g}
+                   for i in range(slots // g)])
+    deadline = time.monotonic() + 60
+    while client.status()["active_episodes"] < slots:
+        if time.monotonic() > deadline:
+            raise InvariantViolation("bench redis-load: the slots did not fill")
+        time.sleep(0.2)
+    time.sleep(1.0)
+    a = read(meter)
+    time.sleep(run_s)
+    b = read(meter)
+    return Window.between(a, b), slots
+
+
+def redis_load_text(r: dict[str, Any]) -> str:
+    p = r["projection"]
+    lines = [
+        f"bench redis-load: {r['gpus']} GPUs x {r['slots_per_gpu']} slots "
+        f"(empty Redis: {r['baseline_calls_per_s']:.2f} calls/s, "
+        f"{r['baseline_core_pct']:.3f}% of a core, subtracted)",
+        f"  idle calls/s per GPU          {r['idle_calls_per_gpu_s']:10.2f}   (target <= 4)",
+        f"  idle Redis core % per GPU     {r['idle_core_pct_per_gpu']:10.4f}   (target <= 0.02)",
+        f"  connections per GPU           {r['connections_per_gpu']:10.2f}   (target <= 20)",
+        f"  commands per episode          {r['commands_per_episode']:10.2f}   (target <= 60)",
+        f"  Redis CPU ms per episode      {r['redis_cpu_ms_per_episode']:10.4f}   "
+        "(target <= 0.35)",
+        f"  core % per running episode    {r['running_core_pct_per_episode']:10.6f}   "
+        "(target <= 0.001)",
+        f"  projection, {p['gpus']} GPUs x {p['slots'] // p['gpus']} slots, "
+        f"{p['episode_s']:g} s episodes ({p['episodes_per_s']:g} episodes/s): idle "
+        f"{p['idle_core_pct']:.1f}%, busy {p['busy_core_pct']:.1f}%, running leases "
+        f"{p['running_core_pct']:.1f}%, sum {p['sum_core_pct']:.1f}% of one core; "
+        f"{p['connections']} connections",
+        "  commands per episode by name: " + ", ".join(
+            f"{k} {v:g}" for k, v in list(r["episode_commands"].items())[:12]),
+        "  idle calls/s per GPU by name: " + ", ".join(
+            f"{k} {v:g}" for k, v in list(r["idle_commands_per_gpu_s"].items())[:8]),
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # a quick look: python -m queue_rollout.bench.redis_load
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_redis_load_bench(workdir=Path(tmp), idle_s=5, run_s=5,
+                                   progress=lambda s: print(s, file=sys.stderr))
+    print(json.dumps(res.as_json()))

@@ -1,0 +1,61 @@
+"""The redis-load bench: its arithmetic on made-up readings, and one small real run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from queue_rollout.bench.redis_load import (
+    RedisLoadResult,
+    Sample,
+    Window,
+    redis_load_text,
+    run_redis_load_bench,
+)
+
+
+def window(seconds: float, cpu_s: float, **calls: int) -> Window:
+    return Window.between(Sample(0.0, {}, 0.0, 0), Sample(seconds, calls, cpu_s, 0))
+
+
+def test_per_gpu_per_episode_and_projection_arithmetic():
+    r = RedisLoadResult(
+        gpus=4, slots_per_gpu=16,
+        baseline=window(10, 0.01, ping=10),          # 1 call/s, 0.1 % of a core
+        idle=window(10, 0.03, ping=10, hset=30),     # 4 calls/s, 0.3 %
+        connections=40,
+        burst=window(2, 0.016, hset=808),            # 800 calls, 10 ms above idle (2 s)
+        burst_episodes=100,
+        running=window(10, 0.0364, ping=10, hset=30, evalsha=64),  # 64 calls, 6.4 ms above
+        running_episodes=64)
+    assert r.idle_calls_per_gpu_s == pytest.approx(0.75)
+    assert r.idle_core_pct_per_gpu == pytest.approx(0.05)
+    assert r.connections_per_gpu == 10
+    assert r.commands_per_episode == pytest.approx(8.0)
+    assert r.redis_cpu_ms_per_episode == pytest.approx(0.1)
+    assert r.running_calls_per_episode_s == pytest.approx(0.1)
+    assert r.running_core_pct_per_episode == pytest.approx(0.001)
+    p = r.projection(gpus=1024, slots=16, episode_s=10)
+    assert p["episodes_per_s"] == pytest.approx(1638.4)
+    assert p["idle_core_pct"] == pytest.approx(51.2)
+    assert p["busy_core_pct"] == pytest.approx(16.38, abs=0.01)
+    assert p["running_core_pct"] == pytest.approx(16.38, abs=0.01)
+    assert p["sum_core_pct"] == pytest.approx(51.2 + 16.38 + 16.38, abs=0.02)
+    assert p["connections"] == 10240
+
+
+def test_a_small_farm_is_measured_end_to_end(tmp_path):
+    lines: list[str] = []
+    res = run_redis_load_bench(gpus=1, slots=8, idle_s=1.0, run_s=1.0, burst_groups=16,
+                               workdir=tmp_path, progress=lines.append)
+    out = res.as_json()
+    json.dumps(out)
+    assert out["profile"] == "redis-load" and (out["gpus"], out["slots_per_gpu"]) == (1, 8)
+    assert res.burst_episodes == 128 and res.running_episodes == 8
+    # every episode costs Redis something: the ledger's scripts at least
+    assert out["commands_per_episode"] > 5 and out["episode_commands"].get("evalsha", 0) > 1
+    assert out["connections_per_gpu"] >= 2  # a supervisor and an episode process at least
+    assert out["projection"]["gpus"] == 1024
+    assert "commands per episode" in redis_load_text(out)
+    assert (tmp_path / "logs" / "worker-0.log").exists()
