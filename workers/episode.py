@@ -58,7 +58,7 @@ class AttemptStopped(Exception):
     """The attempt was stopped on purpose (shutdown, or superseded in the ledger)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Live:
     """What the lease thread and the episode share for one attempt."""
 
@@ -72,9 +72,84 @@ class _Live:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+class LeaseKeeper:
+    """One thread per worker process renews the leases of all its running attempts
+    together, every lease / 3, in one ledger call (not one per episode). An attempt the
+    ledger no longer knows as this worker's (superseded, lost) is aborted on the
+    replica; after the shutdown grace, every attempt still running is."""
+
+    def __init__(self, ledger: Ledger, client: SGLangClient, worker_id: str,
+                 lease_s: float) -> None:
+        self.ledger, self.client = ledger, client
+        self.worker_id, self.lease_s = worker_id, lease_s
+        self.stop_deadline: float | None = None
+        self._lock = threading.Lock()
+        self._live: set[_Live] = set()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, live: _Live) -> None:
+        with self._lock:
+            self._live.add(live)
+            if self._thread is None:  # one thread for the process's life
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="lease")
+                self._thread.start()
+        self._wake.set()
+
+    def remove(self, live: _Live) -> None:
+        """The attempt ended: no renewal of it starts after this returns (one in
+        progress is waited for, so the episode never reports mid-renewal)."""
+        with self._lock:
+            live.done.set()
+            self._live.discard(live)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                due = [x for x in self._live if not x.done.is_set()]
+                delay = (min(x.next_beat for x in due) - time.monotonic()) if due else None
+            if delay is None or delay > 0:
+                self._wake.wait(delay)
+                self._wake.clear()
+                continue
+            with self._lock:  # no attempt ends (and reports) mid-renewal
+                now = time.monotonic()
+                batch = [x for x in self._live if not x.done.is_set() and x.next_beat <= now]
+                for x in batch:  # renewed together from now on
+                    x.next_beat = now + self.lease_s / 3
+                self._renew(batch)
+
+    def _renew(self, batch: list[_Live]) -> None:
+        for live in batch:
+            live.seq += 1
+        try:
+            answers = self.ledger.renew(self.worker_id, self.lease_s,
+                                        [(x.aid, x.seq, x.tokens) for x in batch])
+        except RedisUnavailable as exc:
+            log.warning("lease renewal of %d attempts failed: %s", len(batch), exc)
+            return
+        stopping = self.stop_deadline is not None and time.monotonic() >= self.stop_deadline
+        for live, answer in zip(batch, answers, strict=True):
+            if answer.ignored and answer.reason != "duplicate progress":
+                log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid,
+                            answer.reason)
+                live.superseded.set()
+                live.done.set()  # nothing more to renew
+                self._abort_quietly(live)
+            elif stopping:
+                self._abort_quietly(live)
+
+    def _abort_quietly(self, live: _Live) -> None:
+        try:
+            self.client.abort(live.aid)  # SGLang matches by prefix: every turn and piece
+        except EngineError as exc:
+            log.warning("attempt %s: abort failed: %s", live.aid, exc)
+
+
 class AttemptRunner:
     def __init__(self, *, ledger: Ledger, config: Config, client: SGLangClient,
                  worker_id: str, boot_id: str, workflow: Workflow,
+                 lease: LeaseKeeper | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ledger = ledger
         self.config = config
@@ -84,12 +159,8 @@ class AttemptRunner:
         self.workflow = workflow
         self.sleep = sleep
         self.stop_deadline: float | None = None  # set on shutdown: grace ends here
-        # One lease thread per runner, started with its first attempt: it renews the
-        # attempt in flight (a runner runs one at a time) every lease / 3.
-        self._lock = threading.Lock()
-        self._live: _Live | None = None
-        self._wake = threading.Event()
-        self._beat: threading.Thread | None = None
+        # the process's lease keeper (one for all its runners), or one of its own
+        self.lease = lease or LeaseKeeper(ledger, client, worker_id, config.timeouts.lease)
         self.replica_failed = False  # set by a replica failure; cleared by await_replica
 
     # -- public ----------------------------------------------------------------------
@@ -98,6 +169,8 @@ class AttemptRunner:
         """Shutdown: running episodes may finish within the grace period."""
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.config.timeouts.shutdown_grace
+        if self.lease.stop_deadline is None:
+            self.lease.stop_deadline = self.stop_deadline
 
     def await_replica(self, stopping: Callable[[], bool], beat: Callable[[], None],
                       poll_s: float = 1.0) -> None:
@@ -129,22 +202,14 @@ class AttemptRunner:
                                   self.config.timeouts.lease)
         if start.status != "started":
             log.info("attempt %s: ignored (%s)", aid, start.reason)
-            return "ignored"
+            return "unknown" if start.reason == "unknown attempt" else "ignored"
         live = _Live(aid, rid=aid, version=start.version,
                      next_beat=time.monotonic() + self.config.timeouts.lease / 3)
-        with self._lock:
-            self._live = live
-            if self._beat is None:
-                self._beat = threading.Thread(target=self._heartbeat, daemon=True,
-                                              name="lease")
-                self._beat.start()
-        self._wake.set()
+        self.lease.add(live)
         try:
             return self._episode(live, start.group_id, start.member, start.prompt)
         finally:
-            with self._lock:  # no renewal of this attempt starts after this
-                live.done.set()
-                self._live = None
+            self.lease.remove(live)
 
     # -- the episode -----------------------------------------------------------------
 
@@ -241,49 +306,6 @@ class AttemptRunner:
         if live.superseded.is_set():
             return True
         return self.stop_deadline is not None and time.monotonic() >= self.stop_deadline
-
-    # -- the lease -------------------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        """The runner's lease thread: renews the attempt in flight every lease / 3."""
-        lease = self.config.timeouts.lease
-        while True:
-            with self._lock:
-                live = self._live
-                delay = (None if live is None or live.done.is_set()
-                         else live.next_beat - time.monotonic())
-            if delay is None or delay > 0:
-                self._wake.wait(delay)
-                self._wake.clear()
-                continue
-            assert live is not None  # a delay was computed for it
-            with self._lock:  # the episode cannot end (and report) mid-renewal
-                if live.done.is_set():
-                    continue
-                live.next_beat = time.monotonic() + lease / 3
-                self._renew(live, lease)
-
-    def _renew(self, live: _Live, lease: float) -> None:
-        live.seq += 1
-        try:
-            answer = self.ledger.progress(live.aid, self.worker_id, live.seq, lease, live.tokens)
-        except RedisUnavailable as exc:
-            log.warning("attempt %s: heartbeat failed: %s", live.aid, exc)
-            return
-        if answer.ignored and answer.reason != "duplicate progress":
-            log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid, answer.reason)
-            live.superseded.set()
-            live.done.set()  # nothing more to renew
-            self._abort_quietly(live)
-            return
-        if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
-            self._abort_quietly(live)
-
-    def _abort_quietly(self, live: _Live) -> None:
-        try:
-            self.client.abort(live.aid)  # SGLang matches by prefix: every turn and piece
-        except EngineError as exc:
-            log.warning("attempt %s: abort failed: %s", live.aid, exc)
 
     # -- reporting to the ledger ------------------------------------------------------
 

@@ -1,16 +1,34 @@
-"""The RQ side of a worker: an :class:`EpisodeWorker` runs one episode job at a time;
-the supervisor (:mod:`.supervisor`) keeps ``slots_per_replica`` of them per GPU, as
-processes of ``engine.threads_per_process`` worker threads each (1: one process per slot).
+"""One episode process: ``engine.threads_per_process`` episode slots, as threads, fed
+from the farm's RQ queue by one dequeue loop.
 
-Each process is a plain RQ worker on the farm's queue (it shows in ``rq info``), with
-RQ's JSON serializer. The job payload is the attempt id alone; the process runs it
-through its :class:`~.episode.AttemptRunner`. RQ's ``SimpleWorker`` does not refresh
-its heartbeats while a job runs, so a thread does it here: a long episode is never
-taken for abandoned. SIGTERM: RQ's warm shutdown (no new job), and the runner's grace
-period for the running episode. A worker in a thread installs no signal handlers and
-times no job with SIGALRM (both are the main thread's); it polls the queue once a
-second so that a stop request ends its loop, and the process's main thread turns
-SIGTERM into that request for every thread.
+The supervisor (:mod:`.supervisor`) keeps ``slots_per_replica`` slots per GPU in
+processes of ``threads_per_process`` threads. What one process costs Redis is kept
+small on purpose, because a thousand GPUs share one Redis:
+
+- **One dequeue loop** (the main thread) takes a job only when a slot is free: a
+  ``BLMOVE`` from RQ's queue to its intermediate list, waiting up to
+  ``DEQUEUE_TIMEOUT_S``, so an idle process makes one call every few seconds (and a
+  stop request is seen within that time).
+- **The job is its id**: the job id is the attempt id, and the process runs that
+  attempt (the ledger's ``start`` refuses an id it does not know). It never imports or
+  calls what a job's payload names, so a job forged by anyone who can write the queue
+  runs nothing: it is deleted unrun. A job is its id alone: no job record, status,
+  result, registry or worker statistic is written (see the docs for what RQ's tools
+  then show). When the attempt has ended, the id leaves RQ's intermediate list in the
+  same round trip as the next dequeue.
+- **Leases** of all the process's running attempts are renewed together, every
+  lease / 3, in one ledger call (:class:`~.episode.LeaseKeeper`).
+- **RQ's worker records**: each slot is registered as an RQ worker (so ``rq info``
+  lists them), and all of the process's records are refreshed in one pipeline every
+  ``RQ_HEARTBEAT_S``, well within RQ's ``worker_ttl``. RQ's per-worker command channel
+  is not listened to: ``rq shutdown``, ``rq suspend`` (per worker) and RQ's
+  kill-horse / stop-job commands do nothing here; stop a worker with SIGTERM to its
+  supervisor.
+- **Connections**: one for the dequeue loop, and a pool of at most
+  ``POOL_CONNECTIONS`` for every other call of the process's threads.
+
+SIGTERM: no new job; running episodes may finish within ``timeouts.shutdown_grace``,
+then they are aborted and handed back (see :mod:`.episode`).
 """
 
 from __future__ import annotations
@@ -18,124 +36,38 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import re
 import signal
 import sys
 import threading
 import time
-from typing import Any
 
 import msgspec
-from rq.job import Job
-from rq.queue import Queue
+import redis
+from rq import Queue
 from rq.serializers import JSONSerializer
-from rq.timeouts import TimerDeathPenalty
-from rq.worker import SimpleWorker, WorkerStatus
+from rq.worker import SimpleWorker
 
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.ledger.connection import connect
+from queue_rollout.errors import QueueRolloutError
+from queue_rollout.ledger.connection import client_url, connect, resolve_url, translate_errors
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.keys import EPISODE_JOB_FUNC, Keys
-from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner, LeaseKeeper
 from queue_rollout.workers.workflows import load_workflow
 
 log = logging.getLogger(__name__)
 SPEC_ENV = "QUEUE_ROLLOUT_WORKER_SPEC"
-RQ_HEARTBEAT_S = 60.0
+DEQUEUE_TIMEOUT_S = 5  # an idle process's one call; a stop request is seen within it
+RQ_HEARTBEAT_S = 120.0  # RQ's worker records live worker_ttl + 60 = 480 s
+POOL_CONNECTIONS = 4  # ledger calls are short: a few connections serve every thread
+_ATTEMPT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
-class EpisodeWorker(SimpleWorker):
-    def __init__(self, *args: Any, runner: AttemptRunner, in_thread: bool = False,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.runner = runner
-        self.in_thread = in_thread
-        self._lock = threading.Lock()
-        self._running: tuple[Job, Any] | None = None
-        self._beat: threading.Thread | None = None
-        if in_thread:  # SIGALRM belongs to the main thread (jobs carry no timeout anyway)
-            self.death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        if not self.in_thread:
-            super()._install_signal_handlers()  # type: ignore[no-untyped-call]  # rq: untyped
-
-    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
-                                     max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
-        # after a replica failure, no job is taken until the replica is healthy again
-        self.runner.await_replica(lambda: self._stop_requested, self.heartbeat)
-        if not self.in_thread:
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-        while not self._stop_requested:  # one-second polls: a stop request ends the loop
-            result = super().dequeue_job_and_maintain_ttl(1, max_idle_time=1)
-            if result is not None:
-                return result
-        return None
-
-    def stop_in_thread(self) -> None:
-        """From the main thread: finish the running episode (within the grace), take
-        no new job."""
-        self.runner.request_stop()
-        self._stop_requested = True
-
-    def execute_job(self, job: Job, queue: Queue) -> None:
-        problem = foreign_job(job)
-        if problem:  # RQ would import and call whatever a job names: not here
-            log.warning("refused job %s: %s; deleted unrun", job.id, problem)
-            job.delete(remove_from_queue=True)
-            return
-        execution = self.prepare_execution(job)
-        with self._lock:
-            self._running = (job, execution)
-            if self._beat is None:  # one thread for the worker's life, not one per job
-                self._beat = threading.Thread(target=self._rq_heartbeat, daemon=True,
-                                              name="rq-heartbeat")
-                self._beat.start()
-        token = CURRENT_RUNNER.set(self.runner)
-        try:
-            self.perform_job(job, queue, execution)
-        finally:
-            CURRENT_RUNNER.reset(token)
-            with self._lock:
-                self._running = None
-        self.set_state(WorkerStatus.IDLE)
-
-    def _rq_heartbeat(self) -> None:
-        """Keep RQ's heartbeats of the running job fresh (SimpleWorker does not)."""
-        while True:
-            time.sleep(RQ_HEARTBEAT_S)
-            with self._lock:
-                running = self._running
-                if running is None:
-                    continue
-                try:
-                    self.maintain_heartbeats(*running)
-                except Exception as exc:
-                    log.warning("rq heartbeat failed: %s", exc)
-
-    def request_stop(self, signum: Any, frame: Any) -> None:
-        self.runner.request_stop()
-        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # rq: untyped
-
-
-def foreign_job(job: Job) -> str:
-    """Why *job* is not one of the farm's episode jobs ("" if it is): exactly
-    ``run_attempt(attempt_id)``, no keyword arguments, no callbacks. A job is data
-    anyone with write access to the queue can forge; RQ would import and call the
-    function it names."""
-    try:
-        func, args, kwargs = job.func_name, job.args, job.kwargs
-    except Exception as exc:
-        return f"unreadable payload ({type(exc).__name__})"
-    if func != EPISODE_JOB_FUNC:
-        return f"function {func!r} is not {EPISODE_JOB_FUNC}"
-    if kwargs or len(args) != 1 or not isinstance(args[0], str):
-        return "arguments are not one attempt id"
-    callbacks = (job._success_callback_name, job._failure_callback_name,
-                 job._stopped_callback_name)
-    if any(callbacks):
-        return "it carries callbacks"
-    return ""
+class _StopDequeue(Exception):
+    """Raised by the signal handler into a dequeue that is waiting (as RQ does)."""
 
 
 class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -149,18 +81,200 @@ class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True):
     threads: int = 1
 
 
-def _episode_worker(spec: WorkerSpec, client: Any, thread: int | None) -> EpisodeWorker:
-    config = spec.config
-    runner = AttemptRunner(
-        ledger=Ledger.from_config(client, config), config=config,
-        client=SGLangClient(spec.engine_url, timeout=min(30, config.timeouts.request)),
-        worker_id=spec.worker_id, boot_id=spec.boot_id, workflow=load_workflow(config))
-    keys = Keys(config.farm.name)
-    suffix = "" if thread is None else f"-t{thread}"
-    return EpisodeWorker(
-        [Queue(keys.rq_queue, connection=client, serializer=JSONSerializer)],
-        connection=client, serializer=JSONSerializer, runner=runner,
-        in_thread=thread is not None, name=f"{spec.worker_id}-{spec.index}-{os.getpid()}{suffix}")
+class EpisodeProcess:
+    """The dequeue loop, the slot threads and RQ's records of one episode process."""
+
+    def __init__(self, spec: WorkerSpec, client: redis.Redis, blocking: redis.Redis) -> None:
+        config: Config = spec.config
+        self.config, self.client, self.blocking = config, client, blocking
+        self.keys = Keys(config.farm.name)
+        ledger = Ledger.from_config(client, config)
+        engine = SGLangClient(spec.engine_url, timeout=min(30, config.timeouts.request))
+        workflow = load_workflow(config)
+        self.lease = LeaseKeeper(ledger, engine, spec.worker_id, config.timeouts.lease)
+        self.runners = [AttemptRunner(ledger=ledger, config=config, client=engine,
+                                      worker_id=spec.worker_id, boot_id=spec.boot_id,
+                                      workflow=workflow, lease=self.lease)
+                        for _ in range(spec.threads)]
+        rq_queue = Queue(self.keys.rq_queue, connection=client, serializer=JSONSerializer)
+        self.queue_key, self.intermediate_key = rq_queue.key, rq_queue.intermediate_queue_key
+        suffix = "" if spec.threads == 1 else "-t{}"
+        self.rq_workers = [
+            SimpleWorker([rq_queue], connection=client, serializer=JSONSerializer,
+                         name=f"{spec.worker_id}-{spec.index}-{os.getpid()}"
+                              + suffix.format(t))
+            for t in range(spec.threads)]
+        self.jobs: queue.Queue[str | None] = queue.Queue()
+        self.done: queue.SimpleQueue[str] = queue.SimpleQueue()  # jobs to clear
+        self.free = threading.Semaphore(spec.threads)  # slots without a job
+        self.stopping = threading.Event()
+        self._dequeuing = False  # the main thread waits in BLMOVE
+        self._url = client_url(client)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        with translate_errors(self._url):
+            for w in self.rq_workers:
+                w.register_birth()  # type: ignore[no-untyped-call]  # rq: untyped
+        threads = [threading.Thread(target=self._slot, args=(runner,), name=f"slot-{i}")
+                   for i, runner in enumerate(self.runners)]
+        for t in threads:
+            t.start()
+        try:
+            self._dequeue_loop()
+        finally:
+            for _ in threads:
+                self.jobs.put(None)
+            for t in threads:
+                while t.is_alive():  # join in slices: the main thread stays free for signals
+                    t.join(0.5)
+            self._clear_done()
+            self._deregister()
+        return 0
+
+    def request_stop(self) -> None:
+        """No new job; running episodes finish within the shutdown grace. Called from
+        the signal handler: a dequeue waiting at that moment is ended at once."""
+        self.stopping.set()
+        for runner in self.runners:
+            runner.request_stop()
+        if self._dequeuing:
+            self._dequeuing = False
+            raise _StopDequeue
+
+    def _dequeue_loop(self) -> None:
+        next_beat = time.monotonic() + RQ_HEARTBEAT_S
+        while not self.stopping.is_set():
+            if not self.free.acquire(timeout=1.0):  # every slot busy: wait, no Redis call
+                continue
+            aid = None
+            while aid is None and not self.stopping.is_set():
+                if time.monotonic() >= next_beat:
+                    self._rq_heartbeat()
+                    next_beat = time.monotonic() + RQ_HEARTBEAT_S
+                self._await_replica()
+                aid = self._take()
+            if aid is None:
+                self.free.release()
+                return
+            if self.stopping.is_set():  # taken just as the stop came: back to the front
+                self._give_back(aid)
+                self.free.release()
+                return
+            self.jobs.put(aid)
+
+    def _take(self) -> str | None:
+        """Clear the jobs whose attempts ended and dequeue the next one: one round trip."""
+        pipe = self.blocking.pipeline(transaction=False)
+        cleared = self._clear_into(pipe)
+        pipe.blmove(self.queue_key, self.intermediate_key, DEQUEUE_TIMEOUT_S, "LEFT", "RIGHT")
+        try:
+            with translate_errors(self._url):
+                self._dequeuing = not self.stopping.is_set()
+                try:
+                    raw = pipe.execute()[-1]
+                finally:
+                    self._dequeuing = False
+        except _StopDequeue:
+            # the reply was not read: drop the connection (a job the server moved just
+            # then waits in the intermediate list until the reconciler hands it back)
+            self.blocking.connection_pool.disconnect()
+            for aid in cleared:
+                self.done.put(aid)
+            return None
+        except QueueRolloutError as exc:
+            for aid in cleared:  # perhaps not cleared: again next time (it is idempotent)
+                self.done.put(aid)
+            log.warning("dequeue: %s; retrying", exc)
+            time.sleep(1.0)
+            return None
+        return None if raw is None else raw.decode()
+
+    def _clear_into(self, pipe: redis.client.Pipeline) -> list[str]:
+        """Queue on *pipe* the clearing of every job whose attempt has ended: its entry
+        in RQ's intermediate list (left there, the reconciler's sweep clears it)."""
+        cleared: list[str] = []
+        while True:
+            try:
+                aid = self.done.get_nowait()
+            except queue.Empty:
+                return cleared
+            pipe.lrem(self.intermediate_key, 1, aid)
+            cleared.append(aid)
+
+    def _clear_done(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        if self._clear_into(pipe):
+            try:
+                with translate_errors(self._url):
+                    pipe.execute()
+            except QueueRolloutError as exc:
+                log.warning("could not clear finished jobs: %s (the reconciler will)", exc)
+
+    def _await_replica(self) -> None:
+        """After a replica failure, no job is taken until the replica answers (a dead
+        replica costs each slot one attempt, not one per queued job)."""
+        failed = [r for r in self.runners if r.replica_failed]
+        if not failed:
+            return
+        failed[0].await_replica(self.stopping.is_set, lambda: None)
+        for r in self.runners:
+            r.replica_failed = False
+
+    def _slot(self, runner: AttemptRunner) -> None:
+        CURRENT_RUNNER.set(runner)
+        while (aid := self.jobs.get()) is not None:
+            try:
+                self._run(runner, aid)
+            except Exception:
+                log.exception("attempt %s: the slot failed", aid)
+            finally:
+                self.done.put(aid)  # cleared with the next dequeue
+                self.free.release()
+
+    def _run(self, runner: AttemptRunner, aid: str) -> None:
+        if not _ATTEMPT_ID.fullmatch(aid):
+            log.warning("job %r is not an attempt id: deleted unrun", aid[:200])
+            return
+        if runner.run(aid) == "unknown":
+            log.warning("job %s names no attempt of farm %s: deleted unrun", aid,
+                        self.config.farm.name)
+            try:  # a job someone enqueued with RQ's own tools has a record: gone too
+                with translate_errors(self._url):
+                    self.client.delete(f"rq:job:{aid}")
+            except QueueRolloutError as exc:
+                log.warning("job %s: could not delete its record: %s", aid, exc)
+
+    # -- RQ's records ------------------------------------------------------------------
+
+    def _give_back(self, aid: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lrem(self.intermediate_key, 1, aid)
+        pipe.lpush(self.queue_key, aid)
+        try:
+            with translate_errors(self._url):
+                pipe.execute()
+        except QueueRolloutError as exc:
+            log.warning("job %s: could not give it back: %s (the reconciler will)", aid, exc)
+
+    def _rq_heartbeat(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for w in self.rq_workers:
+            w.heartbeat(pipeline=pipe)
+        try:
+            with translate_errors(self._url):
+                pipe.execute()
+        except QueueRolloutError as exc:
+            log.warning("rq heartbeat failed: %s", exc)
+
+    def _deregister(self) -> None:
+        try:
+            with translate_errors(self._url):
+                for w in self.rq_workers:
+                    w.register_death()  # type: ignore[no-untyped-call]  # rq: untyped
+        except QueueRolloutError as exc:
+            log.warning("could not deregister from RQ: %s", exc)
 
 
 def child_main() -> int:
@@ -169,28 +283,16 @@ def child_main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {spec.worker_id}/{spec.index} "
                                "%(levelname)s %(message)s")
-    from queue_rollout.ledger.connection import resolve_url
-
-    client = connect(resolve_url(spec.config), spec.config.farm.redis_ca_file)
-    if spec.threads == 1:
-        _episode_worker(spec, client, None).work(logging_level="WARNING")
-        return 0
-    workers = [_episode_worker(spec, client, t) for t in range(spec.threads)]
-
+    url, ca = resolve_url(spec.config), spec.config.farm.redis_ca_file
+    process = EpisodeProcess(spec, connect(url, ca, max_connections=POOL_CONNECTIONS),
+                             connect(url, ca, max_connections=1,
+                                     socket_timeout=DEQUEUE_TIMEOUT_S + 10))
     def on_signal(signum: int, frame: object) -> None:
-        for w in workers:
-            w.stop_in_thread()
+        process.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threads = [threading.Thread(target=w.work, kwargs={"logging_level": "WARNING"},
-                                name=w.name) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():  # join in slices: the main thread must stay free for signals
-            t.join(0.5)
-    return 0
+    return process.run()
 
 
 def spec_env(spec: WorkerSpec) -> dict[str, str]:

@@ -2,10 +2,15 @@
 
 The supervisor checks its replica, registers the worker in the farm (its slots count
 toward ``max_concurrent_samples = "auto"``), keeps ``engine.slots_per_replica``
-episode workers (:class:`~.rq_worker.EpisodeWorker`) running, ``engine.threads_per_process`` to a
-process (a dead process is restarted with backoff), settles its replica's doubtful
-attempts at start and periodically, and on SIGTERM passes the signal on, waits for the
-episodes' grace period, and deregisters.
+episode slots running in processes of ``engine.threads_per_process``
+(:class:`~.rq_worker.EpisodeProcess`; a dead process is restarted with backoff),
+settles its replica's doubtful attempts at start and periodically, and on SIGTERM
+passes the signal on, waits for the episodes' grace period, and deregisters.
+
+It follows the trainer's controls (pause, resume, weight updates) as they are
+announced on the farm's controls channel, re-reading them at least every
+``CONTROLS_REREAD_S``, and reports itself alive every lease / 3: an idle supervisor
+makes well under one Redis call a second.
 
 It watches its replica every ``health_s``: ``/health`` failing is logged once and
 recorded (``replica_up`` in the worker's record); a replica that reports its boot id
@@ -31,12 +36,15 @@ from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.ledger.registry import Ack, Registry
+from queue_rollout.ledger.registry import Ack, ControlListener, Registry
 from queue_rollout.procs import Supervised, stop_all
 from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.rq_worker import WorkerSpec, spec_env
 
 log = logging.getLogger(__name__)
+#: The controls are re-read at least this often, whatever the channel says (a lost
+#: message delays a pause by at most this much; it never loses it).
+CONTROLS_REREAD_S = 10.0
 
 
 def pause_mode(recorded: str) -> PauseMode:
@@ -55,7 +63,6 @@ class Supervisor:
     gpu: int
     engine_url: str
     boot_id: str = ""
-    poll_s: float = 0.05  # pause, resume and weight controls are seen this fast
     health_s: float = 1.0  # the replica's /health (and boot id) are checked this often
     children: list[Supervised] = field(default_factory=list)
 
@@ -131,14 +138,21 @@ class Supervisor:
         print(f"worker {self.worker_id}: {self.config.engine.slots_per_replica} episode slots in "
               f"{len(self.children)} processes on "
               f"{self.engine_url} (boot {self.boot_id or 'unknown'})", flush=True)
-        next_resolve = next_health = 0.0
+        listener = ControlListener(redis, self.keys)
+        next_resolve = next_health = next_seen = next_controls = 0.0
         try:
             while not self._stop:
                 for child in self.children:
                     child.keep()
                 try:
-                    registry.seen(self.worker_id)
-                    self._follow_controls(registry)
+                    if time.monotonic() >= next_seen:  # alive, at the rate liveness needs
+                        registry.seen(self.worker_id)
+                        next_seen = time.monotonic() + self.config.timeouts.lease / 3
+                    wake = min(next_seen, next_health, next_resolve, next_controls)
+                    changed = listener.wait(min(1.0, max(0.0, wake - time.monotonic())))
+                    if changed or time.monotonic() >= next_controls:
+                        self._follow_controls(registry)
+                        next_controls = time.monotonic() + CONTROLS_REREAD_S
                     if time.monotonic() >= next_health:
                         next_health = time.monotonic() + self.health_s
                         if self._watch_replica(registry):
@@ -151,10 +165,11 @@ class Supervisor:
                         next_resolve = time.monotonic() + min(10.0, self.config.timeouts.lease)
                 except (QueueRolloutError, EngineError) as exc:
                     # Redis away, or the replica: keep the episode processes, try again
-                    # next round
+                    # next round (the listener subscribes again and re-reads)
                     self._warn(str(exc))
-                time.sleep(self.poll_s)
+                    time.sleep(1.0)
         finally:
+            listener.close()
             self._shutdown(registry)
         return 0
 

@@ -1,16 +1,17 @@
 """The control-plane benchmark: no-op episodes through the whole farm against no-op jobs
-through plain RQ, with the same number and class of workers, side by side.
+through plain RQ, with the same number of worker processes, side by side.
 
 Farm: prompts of G = 8 no-op episodes (the ``noop`` workflow calls no replica) go
-through admission, the outbox, RQ, the ledger's start and finish, judgement and
+through admission, the outbox, RQ's queue, the ledger's start and finish, judgement and
 batches of B = 16 groups (the reference shape), which the bench takes and acknowledges;
-``workers`` episode processes (:class:`~queue_rollout.workers.rq_worker.EpisodeWorker`,
-RQ ``SimpleWorker``\\ s) run them. Plain RQ: a producer enqueues the same number of
-jobs of a function that does nothing (JSON serializer, as the farm's), in pipelines of
-100 as the farm's outbox does, and ``workers`` plain ``SimpleWorker`` processes run
-them. Each side is timed from its first submission to its last episode
-done (the farm: the last batch delivered); the sides alternate (plain, farm, farm,
-plain, ...) so that background load hits both alike.
+``workers`` episode processes of one slot each
+(:class:`~queue_rollout.workers.rq_worker.EpisodeProcess`) run them. Plain RQ: a
+producer enqueues the same number of jobs of a function that does nothing (JSON
+serializer, as the farm's), in pipelines of 100 as the farm's outbox does, and
+``workers`` plain ``SimpleWorker`` processes run them. Each side is timed from its
+first submission to its last episode done (the farm: the last batch delivered); the
+sides alternate (plain, farm, farm, plain, ...) so that background load hits both
+alike.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class ControlPlaneResult:
 
     def as_json(self) -> dict[str, object]:
         return {"profile": "control-plane", "workers": self.workers,
-                "episodes": self.episodes, "worker_class": "rq.SimpleWorker (processes)",
+                "episodes": self.episodes,
+                "worker_class": "farm: episode processes; plain: rq.SimpleWorker processes",
                 "farm_episodes_per_s": round(self.farm_episodes_per_s, 1),
                 "plain_rq_jobs_per_s": round(self.plain_rq_jobs_per_s, 1),
                 "ratio": round(self.ratio, 3)}

@@ -25,6 +25,7 @@ Then the projection to a farm of ``PROJECT_GPUS`` x ``PROJECT_SLOTS`` slots with
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class Sample:
     calls: dict[str, int]  # command -> calls (INFO commandstats), INFO itself left out
     cpu_s: float  # used_cpu_sys + used_cpu_user
     clients: int  # connected_clients
+    usec: dict[str, int]  # command -> microseconds spent in it (INFO commandstats)
 
     @property
     def total(self) -> int:
@@ -69,10 +71,12 @@ def read(client: redis.Redis) -> Sample:
     stats = client.info("commandstats")
     cpu = client.info("cpu")
     clients = client.info("clients")
-    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
-             if name not in ("cmdstat_info",)}
-    return Sample(time.monotonic(), calls, float(cpu["used_cpu_sys"]) +
-                  float(cpu["used_cpu_user"]), int(clients["connected_clients"]))
+    ours = {name.removeprefix("cmdstat_"): v for name, v in stats.items()
+            if name != "cmdstat_info"}
+    return Sample(time.monotonic(), {k: int(v["calls"]) for k, v in ours.items()},
+                  float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+                  int(clients["connected_clients"]),
+                  {k: int(v["usec"]) for k, v in ours.items()})
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,14 @@ class Window:
     seconds: float
     calls: dict[str, int]
     cpu_s: float
+    usec: dict[str, int] = field(default_factory=dict)  # in commands (a script's: EVALSHA)
 
     @classmethod
     def between(cls, a: Sample, b: Sample) -> Window:
         calls = {k: b.calls.get(k, 0) - a.calls.get(k, 0) for k in b.calls}
-        return cls(b.at - a.at, {k: v for k, v in calls.items() if v}, b.cpu_s - a.cpu_s)
+        usec = {k: b.usec.get(k, 0) - a.usec.get(k, 0) for k in b.usec}
+        return cls(b.at - a.at, {k: v for k, v in calls.items() if v}, b.cpu_s - a.cpu_s,
+                   {k: v for k, v in usec.items() if v})
 
     @property
     def calls_per_s(self) -> float:
@@ -108,6 +115,8 @@ class RedisLoadResult:
     burst_episodes: int
     running: Window
     running_episodes: int
+    pause_barrier_s: list[float] = field(default_factory=list)  # each pause() call
+    resume_s: list[float] = field(default_factory=list)  # resume() to every replica going
     notes: list[str] = field(default_factory=list)
 
     # -- per unit, above the empty server ---------------------------------------------
@@ -179,11 +188,23 @@ class RedisLoadResult:
             "running_core_pct_per_episode": round(self.running_core_pct_per_episode, 6),
             "episode_commands": {k: round(v, 2) for k, v in
                                  list(self.episode_commands().items())[:25]},
+            # microseconds per episode by command; a script's own commands count in
+            # EVALSHA's time too (commandstats times them both), so these overlap
+            "episode_usec": {k: round(v / self.burst_episodes, 2) for k, v in sorted(
+                self.burst.usec.items(), key=lambda kv: -kv[1])[:12]},
             "idle_commands_per_gpu_s": {
                 k: round(v / self.idle.seconds / self.gpus, 3) for k, v in sorted(
                     self.idle.calls.items(), key=lambda kv: -kv[1])[:15]},
+            "pause_barrier_s": _median_max(self.pause_barrier_s),
+            "resume_s": _median_max(self.resume_s),
             "projection": self.projection(), "targets": TARGETS, "notes": self.notes,
         }
+
+
+def _median_max(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
 def _config(redis_url: str, state: Path, gpus: int, slots: int) -> Config:
@@ -227,6 +248,8 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             b = read(meter)
             idle = Window.between(a, b)
             connections = b.clients - 2  # the meter and the trainer client
+            progress("redis-load: the pause barrier and resume, 10 times")
+            pauses, resumes = _pause_latency(client, rounds=10)
             progress(f"redis-load: a burst of {burst_groups} groups of 8 tiny episodes")
             burst, episodes = _burst(client, meter, burst_groups)
             progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
@@ -236,7 +259,27 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             farm.stop()
             meter.close()
     return RedisLoadResult(gpus, slots, baseline, idle, connections, burst, episodes,
-                           running, held)
+                           running, held, pauses, resumes)
+
+
+def _pause_latency(client: RolloutClient, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds of each ``pause()`` (it returns once every worker has paused its replica)
+    and from each ``resume()`` until every replica says it is no longer paused."""
+    from queue_rollout.engines.sglang import SGLangClient
+
+    replicas = [SGLangClient(w["replica"]) for w in client.registry.live().values()]
+    pauses, resumes = [], []
+    for _ in range(rounds):
+        t = time.monotonic()
+        client.pause()
+        pauses.append(time.monotonic() - t)
+        t = time.monotonic()
+        client.resume()
+        while any(r.server_info().get("paused") for r in replicas):
+            time.sleep(0.002)
+        resumes.append(time.monotonic() - t)
+        time.sleep(0.2)
+    return pauses, resumes
 
 
 def _await_idle_rq_workers(client: redis.Redis, count: int, timeout: float = 120.0) -> None:
@@ -309,6 +352,8 @@ def redis_load_text(r: dict[str, Any]) -> str:
             f"{k} {v:g}" for k, v in list(r["episode_commands"].items())[:12]),
         "  idle calls/s per GPU by name: " + ", ".join(
             f"{k} {v:g}" for k, v in list(r["idle_commands_per_gpu_s"].items())[:8]),
+        f"  pause barrier {r['pause_barrier_s'].get('median', float('nan')) * 1000:.1f} ms, "
+        f"resume {r['resume_s'].get('median', float('nan')) * 1000:.1f} ms (medians)",
     ]
     return "\n".join(lines)
 

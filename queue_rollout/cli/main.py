@@ -90,10 +90,13 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if args.profile == "redis-load":
+        import shutil
+
         from queue_rollout.bench.redis_load import redis_load_text, run_redis_load_bench
         from queue_rollout.progress import log_to_file
 
         work = (Path(config.farm.state_dir) / "bench-redis-load").resolve()
+        shutil.rmtree(work, ignore_errors=True)  # a fresh Redis: its counters start at 0
         if not args.verbose:
             log_to_file(work / "bench.log")
         load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,

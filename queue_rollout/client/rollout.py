@@ -165,6 +165,7 @@ class RolloutClient:
         """Wait until every live worker has answered request *epoch* of *kind*; returns
         the answers. BarrierTimeout names the workers that did not answer in time."""
         deadline = time.monotonic() + self.config.timeouts.pause_barrier
+        delay = 0.005  # workers answer within milliseconds of the announcement
         while True:
             answers = self.registry.acks(kind, sorted(self.registry.live()))
             missing = [w for w, a in answers.items() if a is None or a.epoch < epoch]
@@ -174,7 +175,8 @@ class RolloutClient:
                 within = self.config.timeouts.pause_barrier
                 raise BarrierTimeout(f"{what}: no answer within {within}s "
                                      f"from {len(missing)} worker(s): {', '.join(missing)}")
-            time.sleep(0.05)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def pause(self) -> None:
         """Stop admission and return once every live worker has paused its replica in

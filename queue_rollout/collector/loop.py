@@ -38,6 +38,8 @@ from queue_rollout.results import EpisodeResult, decode_result
 
 log = logging.getLogger(__name__)
 MAX_ADMIT_PER_STEP = 1000
+IDLE_WAIT_S = 1.0  # an idle collector's longest wait between steps (the reconciler's pace)
+BACKOFF_STEPS = 5  # while waiting for slots, steps slow down to this many apart (<= 1 s)
 SCAN_JOBS_EVERY = 50  # steps between the reconciler's full scans for lost RQ jobs
 
 
@@ -47,6 +49,18 @@ class StepReport:
     admitted: int = 0
     blocked: str = ""
     judged: dict[str, str] = field(default_factory=dict)  # group id -> "" or reason
+    handed_over: int = 0  # attempts handed to RQ
+    reconciled: int = 0  # attempts the reconciler doubted, re-queued or declared lost
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing done, and nothing to do until something wakes the collector: a
+        submission, a resume, a new version (the wake stream) or a completed group
+        (the events stream). Waiting for slots (``capacity``) is not quiet: a slot frees
+        without either."""
+        return (self.leader and not self.admitted and not self.judged
+                and not self.handed_over and not self.reconciled
+                and self.blocked != "capacity")
 
 
 class Collector:
@@ -84,11 +98,13 @@ class Collector:
             return StepReport(leader=False)
         report = StepReport(leader=True)
         self._admit(report)
-        flush_outbox(self.ledger.client, self.keys)
+        report.handed_over = flush_outbox(self.ledger.client, self.keys)
         self._judge_events(report)
         self._steps += 1
-        self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1)
-        flush_outbox(self.ledger.client, self.keys)  # retries the reconciler handed back
+        tick = self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1)
+        report.reconciled = len(tick.doubted) + len(tick.requeued) + len(tick.lost)
+        if tick.requeued or tick.lost:  # their new attempts wait in the outbox
+            report.handed_over += flush_outbox(self.ledger.client, self.keys)
         return report
 
     def _capacity(self) -> int | None:
@@ -166,8 +182,12 @@ class Collector:
         return thread
 
     def run(self, stop: threading.Event) -> None:
-        """A step every ``collector.step_ms`` until *stop* is set."""
-        interval = self.config.collector.step_ms / 1000.0
+        """A step every ``collector.step_ms`` until *stop* is set. While a step finds
+        nothing to do (:attr:`StepReport.quiet`), the next one waits, up to
+        ``IDLE_WAIT_S``, for a new entry on the wake or events stream instead; while
+        steps only wait for slots, they slow down to ``BACKOFF_STEPS`` steps apart."""
+        step = self.config.collector.step_ms / 1000.0
+        interval, slowest = step, min(IDLE_WAIT_S, BACKOFF_STEPS * step)
         was_leader = None
         while not stop.is_set():
             try:
@@ -183,7 +203,28 @@ class Collector:
             if report.leader != was_leader:
                 log.info("collector %s: %s", self.name, "leader" if report.leader else "standby")
                 was_leader = report.leader
-            stop.wait(interval)
+            if report.quiet:
+                self._wait_for_work(min(IDLE_WAIT_S, self.config.timeouts.leader_lease / 3))
+            elif not report.leader:  # a standby: a look at the lease each second will do
+                stop.wait(max(step, min(IDLE_WAIT_S, self.config.timeouts.leader_lease / 3)))
+            else:
+                # waiting for slots with nothing done: the steps slow down (up to
+                # BACKOFF_STEPS steps apart); any work done brings them back
+                productive = report.admitted or report.judged or report.handed_over
+                interval = step if productive else min(slowest, interval * 2)
+                if interval > step:  # a completed group (events) ends the wait early
+                    self._wait_for_work(interval)
+                else:
+                    stop.wait(step)
+
+    def _wait_for_work(self, timeout: float) -> None:
+        """Block until the wake or the events stream gets an entry, or *timeout*."""
+        try:
+            with translate_errors(client_url(self.ledger.client)):
+                self.ledger.client.xread({self.keys.wake: "$", self.keys.events: "$"},
+                                         count=1, block=max(1, int(timeout * 1000)))
+        except QueueRolloutError as exc:
+            log.warning("collector %s: waiting for work: %s", self.name, exc)
 
 
 def run_collector(config: Config) -> int:

@@ -5,13 +5,12 @@ node can confirm that, see ``workers/resolver.py``); it only notices what may ha
 gone wrong and says so:
 
 - a running attempt whose lease expired becomes doubtful (``lease_expired``);
-- a queued attempt with no RQ job anywhere (neither in the outbox nor in RQ, or a job
-  marked queued that is in no queue: taken by a worker that lost Redis before it
-  started the attempt) is handed to the outbox again: nothing ran, so nothing is in
-  doubt. Only attempts queued for
-  longer than a lease are looked at: a lost job is rare (RQ's data lost with Redis)
-  and not urgent, and a farm with a deep queue would otherwise pay a few round trips
-  per queued attempt on every scan;
+- a queued attempt with no RQ job waiting (neither in the outbox nor in RQ's queue: lost
+  with Redis's data, or taken by a worker that died before it started the attempt) is
+  handed to the outbox again: nothing ran, so nothing is in doubt. Only attempts queued
+  for longer than a lease are looked at: a lost job is rare and not urgent, and a farm
+  with a deep queue would otherwise pay a few round trips per queued attempt on every
+  scan. Jobs left in RQ's intermediate list after their attempt ended are swept;
 - an attempt doubtful for longer than ``timeouts.doubt`` is declared lost and retried,
   loudly (a warning and ``retries:doubt_timeout``); a late result from it is ignored.
 """
@@ -21,8 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from rq.job import Job, JobStatus
-from rq.serializers import JSONSerializer
+from rq import Queue
 
 from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
@@ -30,6 +28,8 @@ from queue_rollout.ledger.outbox import episode_queue
 from queue_rollout.ledger.records import decode_attempt
 
 log = logging.getLogger(__name__)
+#: Attempt states whose job may rightly sit in RQ's intermediate list (a worker holds it).
+LIVE_OR_QUEUED = frozenset({"queued", "running", "doubtful"})
 
 
 @dataclass
@@ -68,13 +68,17 @@ class Reconciler:
         return report
 
     def _requeue_lost_jobs(self) -> list[str]:
-        """Queued attempts whose RQ job vanished (or ended without starting them).
+        """Queued attempts whose RQ job is gone: in neither RQ's queue nor the outbox
+        (lost with a Redis crash, or taken by a worker that died before it started the
+        attempt: stranded in RQ's intermediate list). Handed to the outbox again.
 
-        Each suspect is checked in the order that makes the check race-free: the
-        outbox first (flush enqueues the job before it leaves the outbox, so an attempt
-        not in the outbox has had its job), then the job, then the attempt again (a
-        job that ran has started its attempt before it ended)."""
+        Each suspect is checked in the order that makes the check race-free: the outbox
+        (flush enqueues the job in the transaction that takes it off the outbox), then
+        the queue, then the attempt again (a job taken since has started it). A job a
+        live worker took just now may be enqueued twice: ``start`` lets one claim win.
+        Then RQ's intermediate list is swept of jobs whose attempt has ended."""
         keys, client = self.ledger.keys, self.ledger.client
+        queue = episode_queue(client, keys)
         in_outbox = {raw.decode() for raw in client.lrange(keys.outbox, 0, -1)}
         queued_before = self.ledger.clock() - self.config.timeouts.lease
         requeued = []
@@ -84,28 +88,33 @@ class Reconciler:
             if (aid in in_outbox or attempt.state != "queued"
                     or attempt.created_at > queued_before):
                 continue
-            if client.lpos(keys.outbox, aid) is not None:
-                continue  # admitted after the snapshot: not flushed yet
-            job = (Job.fetch(aid, connection=client, serializer=JSONSerializer)
-                   if Job.exists(aid, client) else None)
-            if job is not None and not (job.is_finished or job.is_failed or job.is_stopped
-                                        or job.is_canceled or self._orphaned(job)):
-                continue  # waiting in RQ, or being picked up
+            if client.lpos(keys.outbox, aid) is not None or client.lpos(queue.key, aid) is not None:
+                continue  # admitted after the snapshot, or waiting in RQ's queue
             now_record = client.hget(keys.attempts, aid)
             if now_record is None or decode_attempt(now_record).state != "queued":
                 continue  # its job started it meanwhile
-            if job is not None:
-                job.delete()
-            client.rpush(keys.outbox, aid)
+            pipe = client.pipeline(transaction=True)
+            pipe.lrem(queue.intermediate_queue_key, 0, aid)
+            pipe.rpush(keys.outbox, aid)
+            pipe.execute()
             log.warning("attempt %s: its RQ job was lost; handed to the outbox again", aid)
             requeued.append(aid)
+        self._sweep_intermediate(queue)
         return requeued
 
-    def _orphaned(self, job: Job) -> bool:
-        """A job still marked queued that is in no queue: taken by a worker that lost
-        Redis (or its process) between taking it and starting it, e.g. stranded in
-        RQ's intermediate queue by a Redis crash."""
-        if job.get_status(refresh=False) != JobStatus.QUEUED:
-            return False
-        queue = episode_queue(self.ledger.client, self.ledger.keys)
-        return self.ledger.client.lpos(queue.key, job.id) is None
+    def _sweep_intermediate(self, queue: Queue) -> None:
+        """Jobs left in RQ's intermediate list by a worker that died after its attempt
+        ended (or that named no attempt): taken off it, their records deleted."""
+        client, keys = self.ledger.client, self.ledger.keys
+        ids = [raw.decode() for raw in client.lrange(queue.intermediate_queue_key, 0, -1)]
+        if not ids:
+            return
+        records = client.hmget(keys.attempts, ids)
+        gone = [aid for aid, raw in zip(ids, records, strict=True)
+                if raw is None or decode_attempt(raw).state not in LIVE_OR_QUEUED]
+        if gone:
+            pipe = client.pipeline(transaction=False)
+            for aid in gone:
+                pipe.lrem(queue.intermediate_queue_key, 0, aid)
+                pipe.delete(f"rq:job:{aid}")
+            pipe.execute()

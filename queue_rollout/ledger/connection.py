@@ -83,14 +83,20 @@ def _url_problem(url: str) -> str:
     return ""
 
 
-def connect(url: str, ca_file: str = "", *, check: bool = True) -> redis.Redis:
+def connect(url: str, ca_file: str = "", *, check: bool = True,
+            max_connections: int | None = None,
+            socket_timeout: float | None = None) -> redis.Redis:
     """A client for *url*; with *check*, PING it first (RedisUnavailable if down, or
-    if it refuses the login or the TLS handshake). A malformed URL or a *ca_file* that
-    is not there is a ConfigError; no message shows the password."""
+    if it refuses the login or the TLS handshake). With *max_connections*, its threads
+    share at most that many connections (waiting for a free one). *socket_timeout*
+    replaces redis-py's 5 s for a client that blocks longer (BLMOVE). A malformed URL
+    or a *ca_file* that is not there is a ConfigError; no message shows the password."""
     problem = _url_problem(url)
     if problem:
         raise ConfigError(f"farm.redis_url: bad Redis URL {mask_url(url)}: {problem}")
     kwargs: dict[str, object] = {"health_check_interval": 30}
+    if socket_timeout is not None:
+        kwargs["socket_timeout"] = socket_timeout
     if url.startswith("rediss://"):  # the certificate must name the host (redis-py < 6: off)
         kwargs["ssl_check_hostname"] = True
     if url.startswith("rediss://") and ca_file:
@@ -98,7 +104,11 @@ def connect(url: str, ca_file: str = "", *, check: bool = True) -> redis.Redis:
             raise ConfigError(f"farm.redis_ca_file: no such file: {ca_file}")
         kwargs["ssl_ca_certs"] = ca_file
     try:
-        client = redis.Redis.from_url(url, **kwargs)
+        if max_connections is None:
+            client = redis.Redis.from_url(url, **kwargs)
+        else:
+            client = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=None, **kwargs))
     except ValueError:  # its message may quote a piece of the URL: not shown
         raise ConfigError(f"farm.redis_url: bad Redis URL {mask_url(url)}") from None
     if check:

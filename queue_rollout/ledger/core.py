@@ -134,7 +134,7 @@ class Ledger:
         args: list[object] = []
         for pid, payload in prompts:
             args += [pid, payload]
-        reply = self._call("submit", [k.counters, k.prompts, k.groups, k.pending], *args)
+        reply = self._call("submit", [k.counters, k.prompts, k.groups, k.pending, k.wake], *args)
         if _s(reply[0]) == "duplicate":
             return Answer("duplicate", duplicates=tuple(_s(x) for x in reply[1:]))
         return Answer("submitted", count=int(reply[1]))
@@ -171,11 +171,19 @@ class Ledger:
 
     def progress(self, aid: str, worker: str, seq: int, lease_s: float, tokens: int = 0) -> Answer:
         """Heartbeat: renew the lease; *seq* must grow per attempt."""
+        return self.renew(worker, lease_s, [(aid, seq, tokens)])[0]
+
+    def renew(self, worker: str, lease_s: float,
+              attempts: list[tuple[str, int, int]]) -> list[Answer]:
+        """Heartbeat of several attempts of *worker* in one call: each (attempt id,
+        sequence number, tokens so far) renewed for *lease_s*; one answer each."""
         k = self.keys
-        return self._answer(
-            "progress", [k.counters, k.attempts, k.leases, k.doubt],
-            aid, worker, seq, repr(float(lease_s)), tokens,
-        )
+        args: list[object] = [worker, repr(float(lease_s))]
+        for aid, seq, tokens in attempts:
+            args += [aid, seq, tokens]
+        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt], *args)
+        return [Answer(_s(status), reason=_s(reason) if _s(status) == "ignored" else "")
+                for status, reason in zip(reply[::2], reply[1::2], strict=True)]
 
     def finish(
         self, aid: str, member: int, result: bytes, *, output_tokens: int = 0,
@@ -254,18 +262,29 @@ class Ledger:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
         k = self.keys
-        reply = self._call("set_version", [k.state, k.counters], version,
+        reply = self._call("set_version", [k.state, k.counters, k.wake], version,
                            self.rollout.batch_size)
         return int(reply[1])
 
     def set_paused(self, paused: bool, mode: str = "in_place") -> bool:
-        """Raise or clear the pause flag; returns the previous flag."""
-        reply = self._call("set_paused", [self.keys.state], "1" if paused else "0", mode)
+        """Raise or clear the pause flag; returns the previous flag. The workers hear
+        of it at once (:meth:`announce_controls`)."""
+        reply = self._call("set_paused", [self.keys.state, self.keys.wake], "1" if paused else "0",
+                           mode)
+        self.announce_controls("pause" if paused else "resume")
         return _s(reply[1]) == "1"
 
     def pause(self, mode: str) -> int:
         """Raise the pause flag; returns the new pause epoch workers acknowledge."""
-        return int(self._call("set_paused", [self.keys.state], "1", mode)[2])
+        epoch = int(self._call("set_paused", [self.keys.state, self.keys.wake], "1", mode)[2])
+        self.announce_controls("pause")
+        return epoch
+
+    def announce_controls(self, what: str) -> None:
+        """Tell every listening worker that the controls changed (a hint: a lost
+        message only delays a worker until its periodic re-read)."""
+        with translate_errors(self._url):
+            self.client.publish(self.keys.controls_channel, what)
 
     def lead(self, candidate: str, lease_s: float) -> tuple[bool, str]:
         """Take or renew collector leadership; returns (leading?, current holder)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: The dotted path RQ imports to run an episode attempt (payload: the attempt id).
+#: The function an episode job stands for (jobs enqueued by earlier releases name it).
+#: The episode worker runs the attempt a job's id names and never imports what a job
+#: names, so this stays importable for those jobs' sake and for RQ's tools.
 EPISODE_JOB_FUNC = "queue_rollout.workers.episode.run_attempt"
 #: Consumer group of the collector on the events stream.
 EVENTS_GROUP = "collector"
@@ -119,6 +121,18 @@ class Keys:
         """Hash of worker answers: ``pause:<worker>`` -> epoch, ``weights:<worker>`` ->
         ``<epoch> ok`` or ``<epoch> error: <why>``."""
         return self._k("acks")
+
+    @property
+    def wake(self) -> str:
+        """Capped stream: an idle collector blocks on it (and on ``events``); submit,
+        resume and set_version add an entry."""
+        return self._k("wake")
+
+    @property
+    def controls_channel(self) -> str:
+        """Pub/Sub channel: a message whenever the pause flag or a weight request
+        changes (its content is only a hint: the listener reads the state)."""
+        return self._k("controls")
 
     @property
     def leader(self) -> str:

@@ -3,28 +3,22 @@
 ``admit.lua`` and ``retry.lua`` push an attempt id to the outbox in the same atomic
 step that reserves its slot, so a crash never loses an attempt. :func:`flush_outbox`
 enqueues each one as an RQ job whose id *is* the attempt id and whose payload is that
-id alone (JSON serializer), then removes it from the outbox. A crash between the two
-leaves the id in the outbox; the next flush finds the job already there or the attempt
-no longer queued, and enqueues nothing twice. The jobs of one flush go to RQ in one
-pipeline (a deep outbox costs one round trip, not one per job); should two flushes
-race (a leader change) and a job still be enqueued twice, ``start.lua`` lets only one
-claim win.
+id alone (JSON serializer), and removes it from the outbox in the same transaction.
+The jobs of one flush go to RQ in one round trip per chunk. A job is its id in RQ's
+queue and nothing more: the episode worker runs the attempt the id names and reads no
+job record, so none is written (nor RQ's registries, expirations and dependencies,
+which the farm never reads). ``rq info`` shows the queue's length; RQ's tools show no
+job details.
 """
 
 from __future__ import annotations
 
 import redis
 from rq import Queue
-from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from queue_rollout.ledger.keys import EPISODE_JOB_FUNC, Keys
+from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
-
-#: RQ keeps a finished or failed episode job (its status, for `rq info`) this long, in
-#: seconds. Correctness does not need it: a job that ran has started its attempt, and
-#: the outbox and the reconciler only (re-)enqueue attempts still queued.
-JOB_RESULT_TTL = 3600
 
 
 def episode_queue(client: redis.Redis, keys: Keys) -> Queue:
@@ -33,7 +27,7 @@ def episode_queue(client: redis.Redis, keys: Keys) -> Queue:
 
 
 def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000, chunk: int = 100) -> int:
-    """Enqueue up to *limit* outbox attempts, *chunk* to a pipeline (so the first jobs
+    """Enqueue up to *limit* outbox attempts, *chunk* to a transaction (so the first jobs
     reach the workers before the last are built); returns how many were enqueued."""
     enqueued = 0
     for start in range(0, limit, chunk):
@@ -45,19 +39,18 @@ def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000, chunk: i
 
 
 def _enqueue(client: redis.Redis, keys: Keys, ids: list[str]) -> int:
-    pipe = client.pipeline(transaction=False)
-    pipe.hmget(keys.attempts, ids)
-    for aid in ids:
-        pipe.exists(Job.key_for(aid))
-    records, *exists = pipe.execute()
-    fresh = [aid for aid, record, there in zip(ids, records, exists, strict=True)
-             if record is not None and not there and decode_attempt(record).state == "queued"]
+    """One transaction per chunk: the id of each attempt still queued goes to the RQ
+    queue's tail, and every id leaves the outbox. Atomic, so a crash enqueues nothing
+    twice; should two flushes race (a leader change), ``start.lua`` lets one claim win
+    and the other job runs nothing."""
+    records = client.hmget(keys.attempts, ids)
+    fresh = [aid for aid, record in zip(ids, records, strict=True)
+             if record is not None and decode_attempt(record).state == "queued"]
+    queue = episode_queue(client, keys)
+    pipe = client.pipeline(transaction=True)
     if fresh:
-        episode_queue(client, keys).enqueue_many([Queue.prepare_data(
-            EPISODE_JOB_FUNC, args=(aid,), job_id=aid, timeout=-1,
-            result_ttl=JOB_RESULT_TTL, failure_ttl=JOB_RESULT_TTL,
-            description=f"episode attempt {aid}") for aid in fresh])
-    pipe = client.pipeline(transaction=False)  # only once every job is in RQ
+        pipe.sadd(queue.redis_queues_keys, queue.key)  # so that `rq info` lists it
+        pipe.rpush(queue.key, *fresh)
     for aid in ids:
         pipe.lrem(keys.outbox, 1, aid)
     pipe.execute()

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import redis
 
+from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.keys import Keys
 
@@ -134,6 +135,7 @@ class Registry:
         pipe.hset(self.keys.control, mapping={"weights_path": model_path,
                                               "weights_version": str(version)})
         pipe.hincrby(self.keys.control, "weights_epoch", 1)
+        pipe.publish(self.keys.controls_channel, "weights")
         with translate_errors(self._url):
             return int(pipe.execute()[1])
 
@@ -151,3 +153,48 @@ class Registry:
             raws = self.client.hmget(self.keys.acks, [f"{kind}:{w}" for w in workers])
         return {w: None if raw is None else Ack.decode(raw)
                 for w, raw in zip(workers, raws, strict=True)}
+
+
+class ControlListener:
+    """Wakes a worker's supervisor when the trainer's controls change, instead of a read
+    every few milliseconds: a subscription to the farm's controls channel.
+
+    A message is only a hint; it never carries what changed. So nothing is lost when one
+    is: :meth:`wait` also answers True on every (re)subscription, and the caller re-reads
+    the controls then and at least every ``CONTROLS_REREAD_S`` (see the supervisor)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client, self.channel = client, keys.controls_channel
+        self._pubsub: Any = None
+        self._url = client_url(client)
+
+    def wait(self, timeout: float) -> bool:
+        """True when the controls may have changed since the last call: a message, or a
+        new subscription (after a start or a lost connection). False after *timeout*
+        seconds of neither. RedisUnavailable when Redis is away (the next call
+        subscribes again)."""
+        if self._pubsub is None:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            with translate_errors(self._url):
+                pubsub.subscribe(self.channel)
+            self._pubsub = pubsub
+            return True
+        try:
+            with translate_errors(self._url):
+                message = self._pubsub.get_message(timeout=timeout)
+                if message is None:
+                    return False
+                while self._pubsub.get_message(timeout=0) is not None:
+                    pass  # one re-read answers every message waiting
+        except QueueRolloutError:
+            self.close()
+            raise
+        return True
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except redis.RedisError:
+                pass
+            self._pubsub = None

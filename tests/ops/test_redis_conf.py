@@ -411,7 +411,8 @@ def test_each_user_is_refused_outside_its_scope(ops_redis, admin):
                             ("ACL", "SETUSER", "intruder", "on", "nopass", "+@all", "~*"),
                             ("CLIENT", "LIST"), ("FUNCTION", "FLUSH"), ("SCRIPT", "FLUSH"),
                             ("SWAPDB", "0", "1"), ("REPLICAOF", "127.0.0.1", "1"),
-                            ("PUBLISH", "rq:pubsub:someone", "{}")):
+                            ("PUBLISH", "rq:pubsub:someone", "{}"),
+                            ("PUBLISH", "qr:{otherfarm}:controls", "pause")):
                 with pytest.raises(redis.exceptions.NoPermissionError):
                     client.execute_command(*refused)
         # the ledger of another farm, through the package: its translated error
@@ -424,15 +425,20 @@ def test_each_user_is_refused_outside_its_scope(ops_redis, admin):
         # the trainer has no business with RQ's keys or channels
         with pytest.raises(redis.exceptions.NoPermissionError):
             trainer.llen("rq:queue:qr-opsfarm-episodes")
-        for client in (collector, trainer):
+        for client in (collector, trainer, worker):
             pubsub = client.pubsub()
             with pytest.raises(redis.exceptions.NoPermissionError):
                 pubsub.subscribe("rq:pubsub:someone")
                 pubsub.get_message(timeout=5)
             pubsub.close()
-        # the worker may listen on RQ's command channels, and only there
+        # the trainer announces controls, the worker listens: on the farm's channel only
+        controls = Keys(FARM).controls_channel
+        assert trainer.publish(controls, "pause") == 0
+        for client in (collector, worker):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.publish(controls, "pause")
         pubsub = worker.pubsub()
-        pubsub.subscribe("rq:pubsub:someone")
+        pubsub.subscribe(controls)
         assert pubsub.get_message(timeout=5)["type"] == "subscribe"
         with pytest.raises(redis.exceptions.NoPermissionError):
             pubsub.subscribe("elsewhere")

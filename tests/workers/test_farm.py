@@ -114,8 +114,11 @@ def test_a_long_episode_is_never_taken_for_abandoned_while_its_worker_lives(r, r
                  tick=lambda: reconciler.tick(scan_jobs=False))
     c = ledger.counters()
     assert "doubts:lease_expired" not in c and c.get("retries:doubt_timeout", 0) == 0
-    job = episode_queue(r, ledger.keys).fetch_job(aid)
-    assert job.is_finished  # not failed, not abandoned by RQ
+    # its job was deleted once the attempt finished: in no RQ list, no registry
+    queue = episode_queue(r, ledger.keys)
+    assert queue.fetch_job(aid) is None and not r.exists(f"rq:job:{aid}")
+    assert r.lpos(queue.key, aid) is None and r.lpos(queue.intermediate_queue_key, aid) is None
+    assert queue.failed_job_registry.count == 0
 
 
 def test_sigkill_mid_episode_doubt_keeps_the_slot_until_the_stop_is_confirmed(

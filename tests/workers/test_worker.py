@@ -253,7 +253,8 @@ def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at
 
 def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm_toml, tmp_path):
     """RQ imports and calls whatever function a job names: anyone who can write the
-    queue could name os.system. The episode worker runs run_attempt(attempt id) only."""
+    queue could name os.system. The episode worker never reads a job's payload: it runs
+    the attempt the job's id names, and the ledger knows none by these ids."""
     from rq import Queue
     from rq.job import Callback
 
@@ -277,6 +278,31 @@ def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm
     assert not marker.exists()
     assert not any(r.exists(job.key) for job in forged)  # deleted, not failed with callbacks
     log = (tmp_path / "worker.log").read_text()
-    assert f"refused job {forged[0].id}: function 'os.system' is not {EPISODE_JOB_FUNC}" in log
-    assert f"refused job {forged[1].id}: arguments are not one attempt id" in log
-    assert f"refused job {forged[2].id}: it carries callbacks" in log
+    # a job is its id: one that names no attempt of the farm runs nothing at all
+    for job in forged:
+        assert f"job {job.id} names no attempt of farm w: deleted unrun" in log
+    assert r.llen(f"rq:queue:{ledger.keys.rq_queue}:intermediate") == 0
+
+
+def test_a_killed_worker_leaves_the_live_set_within_three_leases(r, engine, farm_toml):
+    """The supervisor reports itself alive every lease / 3, not every few milliseconds;
+    a dead one still drops out of the live workers ("auto" capacity, status, the pause
+    barrier) three leases after its last report (lease = 3 s here)."""
+    from testkit import process_tree
+
+    config = load_config(farm_toml)
+    proc = start_worker(farm_toml, engine.url)
+    try:
+        assert "2 episode slots" in proc.stdout.readline()
+        status = farm_status(r, config, redis_url="x")
+        assert status["workers"] == {"alive": 1, "slots": 2}
+        time.sleep(2.0)  # a report or two later: still alive
+        assert farm_status(r, config, redis_url="x")["workers"]["alive"] == 1
+        for pid in process_tree(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        # 3 leases after its last report, which was at most lease / 3 before the kill
+        wait_for(lambda: farm_status(r, config, redis_url="x")["workers"]["alive"] == 0,
+                 timeout=15, what="the dead worker leaving the live set")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

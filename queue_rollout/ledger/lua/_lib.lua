@@ -85,6 +85,12 @@ local function episode_terminal(k, now, g, outcome)
   return complete
 end
 
+-- Wake an idle collector: something it acts on changed (prompts, the pause flag, the
+-- version). A short capped stream; the entry's content does not matter.
+local function wake(key, why)
+  redis.call('XADD', key, 'MAXLEN', '~', 100, '*', 'why', why)
+end
+
 -- One observation for the metrics exporter's histograms (a capped stream).
 local function observe(key, kind, value)
   redis.call('XADD', key, 'MAXLEN', '~', 100000, '*', 'k', kind, 'v', value)

@@ -1,43 +1,53 @@
--- progress.lua: heartbeat and progress of a running attempt: renews its lease and
--- records tokens so far. Each report carries a sequence number; a report not newer
--- than the last one is a duplicate and changes nothing. A report from a doubtful
--- attempt proves it still runs: it is running again (doubt resolved, no retry).
+-- progress.lua: heartbeat and progress of running attempts: renews each one's lease and
+-- records its tokens so far. A worker process renews all of its attempts in one call.
+-- Each report carries a sequence number; a report not newer than the attempt's last
+-- one is a duplicate and changes nothing. A report from a doubtful attempt proves it
+-- still runs: it is running again (doubt resolved, no retry).
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
 -- KEYS[3] = leases sorted set
 -- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
 -- ARGV[1] = now (seconds)
--- ARGV[2] = attempt id
--- ARGV[3] = worker id
--- ARGV[4] = sequence number (> 0, increasing per attempt)
--- ARGV[5] = lease length (seconds)
--- ARGV[6] = output tokens so far
--- Returns {'ok', ''} | {'revived', ''} | {'ignored', reason}
+-- ARGV[2] = worker id
+-- ARGV[3] = lease length (seconds)
+-- ARGV[4 + 3i], ARGV[5 + 3i], ARGV[6 + 3i] = attempt id, its sequence number (> 0,
+--            increasing per attempt), its output tokens so far; for i = 0, 1, ...
+-- Returns {status_0, reason_0, status_1, reason_1, ...}, one pair per attempt:
+--         'ok' | 'revived' (with '') | 'ignored' with the reason
 
-local counters = KEYS[1]
-local now, aid = tonumber(ARGV[1]), ARGV[2]
-local seq = tonumber(ARGV[4])
-local a = get_json(KEYS[2], aid)
-if not a then return ignored(counters, 'unknown attempt') end
-if a.state ~= 'running' and a.state ~= 'doubtful' then
-  return ignored(counters, ended_reason(a))
-end
-if a.worker ~= ARGV[3] then return ignored(counters, 'wrong worker') end
-if seq <= a.seq then return ignored(counters, 'duplicate progress') end
+local counters, attempts, leases, doubt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, worker, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
-local status = 'ok'
-if a.state == 'doubtful' then
-  leave_live_state(counters, KEYS[3], KEYS[4], aid, a)
-  a.state = 'running'
-  a.doubt_at = nil
-  a.cause = nil
-  bump(counters, 'running', 1)
-  status = 'revived'
+local function renew(aid, seq, tokens)
+  local a = get_json(attempts, aid)
+  if not a then return ignored(counters, 'unknown attempt') end
+  if a.state ~= 'running' and a.state ~= 'doubtful' then
+    return ignored(counters, ended_reason(a))
+  end
+  if a.worker ~= worker then return ignored(counters, 'wrong worker') end
+  if seq <= a.seq then return ignored(counters, 'duplicate progress') end
+  local status = 'ok'
+  if a.state == 'doubtful' then
+    leave_live_state(counters, leases, doubt, aid, a)
+    a.state = 'running'
+    a.doubt_at = nil
+    a.cause = nil
+    bump(counters, 'running', 1)
+    status = 'revived'
+  end
+  a.seq = seq
+  a.tokens = tokens
+  a.lease = now + lease
+  put_json(attempts, aid, a)
+  redis.call('ZADD', leases, a.lease, aid)
+  return {status, ''}
 end
-a.seq = seq
-a.tokens = tonumber(ARGV[6])
-a.lease = now + tonumber(ARGV[5])
-put_json(KEYS[2], aid, a)
-redis.call('ZADD', KEYS[3], a.lease, aid)
-return {status, ''}
+
+local out = {}
+for i = 4, #ARGV, 3 do
+  local answer = renew(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+  out[#out + 1] = answer[1]
+  out[#out + 1] = answer[2]
+end
+return out

@@ -3,6 +3,7 @@
 -- replica has paused in the given mode, which is what pause() waits for.
 --
 -- KEYS[1] = state hash (paused, pause_epoch, pause_mode)
+-- KEYS[2] = wake stream (an idle collector waits on it)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = "1" to pause, "0" to resume
 -- ARGV[3] = pause mode when pausing: "in_place" or "abort"
@@ -15,4 +16,5 @@ if ARGV[2] == '1' then
   redis.call('HSET', KEYS[1], 'pause_mode', ARGV[3])
   return {'paused', previous, epoch}
 end
+wake(KEYS[2], 'resume')
 return {'resumed', previous}

@@ -12,6 +12,7 @@
 --
 -- KEYS[1] = state hash (version, budget_baseline)
 -- KEYS[2] = counters hash (consumed)
+-- KEYS[3] = wake stream (an idle collector waits on it: the budget may have grown)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = new version (integer >= 0)
 -- ARGV[3] = batch size B
@@ -22,4 +23,5 @@ local previous = redis.call('HGET', KEYS[1], 'version') or '0'
 local baseline = counter(KEYS[2], 'consumed') - version * B
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'version_at', ARGV[1],
   'budget_baseline', baseline)
+wake(KEYS[3], 'version')
 return {'version', previous, baseline}

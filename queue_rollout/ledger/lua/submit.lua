@@ -6,6 +6,7 @@
 -- KEYS[2] = prompts hash (id -> prompt JSON)
 -- KEYS[3] = groups hash
 -- KEYS[4] = pending list of prompt ids
+-- KEYS[5] = wake stream (an idle collector waits on it)
 -- ARGV[1] = now (seconds)
 -- ARGV[2], ARGV[3], ... = id, prompt JSON, id, prompt JSON, ...
 -- Returns {'submitted', n} | {'duplicate', id, ...}
@@ -28,4 +29,5 @@ for i = 2, #ARGV, 2 do
   n = n + 1
 end
 bump(KEYS[1], 'submitted', n)
+wake(KEYS[5], 'submit')
 return {'submitted', n}

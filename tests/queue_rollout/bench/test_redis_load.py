@@ -16,7 +16,7 @@ from queue_rollout.bench.redis_load import (
 
 
 def window(seconds: float, cpu_s: float, **calls: int) -> Window:
-    return Window.between(Sample(0.0, {}, 0.0, 0), Sample(seconds, calls, cpu_s, 0))
+    return Window.between(Sample(0.0, {}, 0.0, 0, {}), Sample(seconds, calls, cpu_s, 0, {}))
 
 
 def test_per_gpu_per_episode_and_projection_arithmetic():
@@ -57,5 +57,6 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
     assert out["commands_per_episode"] > 5 and out["episode_commands"].get("evalsha", 0) > 1
     assert out["connections_per_gpu"] >= 2  # a supervisor and an episode process at least
     assert out["projection"]["gpus"] == 1024
+    assert out["pause_barrier_s"]["median"] > 0 and out["resume_s"]["median"] > 0
     assert "commands per episode" in redis_load_text(out)
     assert (tmp_path / "logs" / "worker-0.log").exists()

@@ -57,7 +57,7 @@ def test_a_queued_attempt_whose_job_vanished_goes_back_to_the_outbox(r, clock):
     flush_outbox(r, ledger.keys)
     assert rec.tick().requeued == []  # both waiting in RQ
     queue = episode_queue(r, ledger.keys)
-    queue.fetch_job(a).delete()  # lost (e.g. RQ data lost with Redis)
+    r.lrem(queue.key, 1, a)  # lost (e.g. RQ data lost with Redis)
     clock.now += 29
     assert rec.tick().requeued == []  # queued for less than a lease: not looked at yet
     clock.now += 2
@@ -66,17 +66,36 @@ def test_a_queued_attempt_whose_job_vanished_goes_back_to_the_outbox(r, clock):
     assert sorted(queue.job_ids) == sorted([a, b])
 
 
-def test_a_job_stranded_out_of_its_queue_is_handed_back(r, clock):
-    """A Redis crash can leave a job marked queued in no queue (RQ's worker had moved it
-    to its intermediate list): after a lease the attempt is enqueued again."""
+def test_a_job_stranded_in_the_intermediate_list_is_handed_back(r, clock):
+    """A worker that died between taking a job (into RQ's intermediate list) and starting
+    its attempt leaves it there: after a lease the attempt is enqueued again."""
     ledger, rec = make(r, clock)
     ledger.submit(trivial_prompts(1))
     a, b = ledger.admit().attempt_ids
     flush_outbox(r, ledger.keys)
     queue = episode_queue(r, ledger.keys)
-    r.lrem(queue.key, 1, a)  # taken off the queue, never started
+    assert r.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT").decode() == a
     clock.now += 31
     assert rec.tick().requeued == [a]  # b still waits in its queue: left alone
+    assert r.lrange(queue.intermediate_queue_key, 0, -1) == []
     assert flush_outbox(r, ledger.keys) == 1
     assert sorted(queue.job_ids) == sorted([a, b])
+
+
+def test_the_intermediate_list_is_swept_of_jobs_whose_attempt_ended(r, clock):
+    """A worker that died after its attempt ended leaves the id in the intermediate
+    list; a running attempt's id (a live worker holds it) stays."""
+    ledger, rec = make(r, clock)
+    ledger.submit(trivial_prompts(1))
+    a, b = ledger.admit().attempt_ids
+    flush_outbox(r, ledger.keys)
+    queue = episode_queue(r, ledger.keys)
+    for _ in (a, b):
+        r.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")
+    r.rpush(queue.intermediate_queue_key, "no-such-attempt")
+    ledger.start(a, "w", "r", "boot", 30)
+    ledger.finish(a, 0, b"done")
+    ledger.start(b, "w", "r", "boot", 30)
+    assert rec.tick().requeued == []
+    assert [x.decode() for x in r.lrange(queue.intermediate_queue_key, 0, -1)] == [b]
 

@@ -165,9 +165,11 @@ def test_a_trainer_resuming_at_version_10_gets_no_burst(tmp_path):
                       rollout="group_size = 2\nbatch_size = 1\nmax_staleness = 2\n"
                               "max_concurrent_samples = 8")
     prompts = tmp_path / "prompts.jsonl"
+    # each group longer than the one before (by 100 ms of decoding): they complete in
+    # the order they were admitted, which is when the budget bounds each one's staleness
     prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt": "x",
-                                           "member_lengths": [20, 30]}) + "\n"
-                               for i in range(12)))
+                                           "member_lengths": [20 + 200 * i, 30 + 200 * i]})
+                               + "\n" for i in range(12)))
     with farm_up(toml):
         assert cli("set-version", "10", "-c", str(toml)).returncode == 0
         assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0

@@ -1,14 +1,7 @@
-"""The outbox: every admitted attempt becomes exactly one RQ job, JSON payload = its id."""
+"""The outbox: every admitted attempt becomes exactly one RQ job: its id in the queue."""
 
 from __future__ import annotations
 
-import json
-import zlib
-
-from rq.job import Job
-from rq.serializers import JSONSerializer
-
-from queue_rollout.ledger.keys import EPISODE_JOB_FUNC
 from queue_rollout.ledger.outbox import episode_queue, flush_outbox
 from testkit import trivial_prompts
 
@@ -20,25 +13,41 @@ def test_outbox_enqueues_each_attempt_once_with_only_its_id(make_ledger, r):
     assert flush_outbox(r, ledger.keys) == 4
     assert r.llen(ledger.keys.outbox) == 0
     queue = episode_queue(r, ledger.keys)
-    assert sorted(queue.job_ids) == sorted(admission.attempt_ids)
-    job = Job.fetch(admission.attempt_ids[0], connection=r, serializer=JSONSerializer)
-    assert job.func_name == EPISODE_JOB_FUNC and list(job.args) == [admission.attempt_ids[0]]
-    payload = json.loads(zlib.decompress(r.hget(job.key, "data")))  # JSON, not pickle
-    assert payload[2] == [admission.attempt_ids[0]]
+    assert queue.job_ids == list(admission.attempt_ids)  # in order, at the tail
+    # a job is its id and nothing more: no record, no payload anyone could forge to run
+    assert not any(r.exists(f"rq:job:{aid}") for aid in admission.attempt_ids)
+    assert queue.key.encode() in r.smembers(queue.redis_queues_keys)  # `rq info` lists it
     assert flush_outbox(r, ledger.keys) == 0 and queue.count == 4
 
 
-def test_a_crash_between_enqueue_and_outbox_removal_enqueues_nothing_twice(make_ledger, r):
+def test_enqueue_and_outbox_removal_are_one_transaction(make_ledger, r, monkeypatch):
+    """A flush that dies before its transaction runs enqueues nothing (the next one
+    enqueues each attempt once); one that runs leaves nothing behind in the outbox."""
     ledger = make_ledger(group_size=2, max_concurrent_samples=8)
     ledger.submit(trivial_prompts(1))
     admission = ledger.admit()
     queue = episode_queue(r, ledger.keys)
-    # the dispatcher enqueued the first job, then died before removing it from the outbox
-    queue.enqueue_call(EPISODE_JOB_FUNC, args=(admission.attempt_ids[0],),
-                       job_id=admission.attempt_ids[0])
-    assert r.llen(ledger.keys.outbox) == 2
-    assert flush_outbox(r, ledger.keys) == 1
-    assert queue.count == 2 and r.llen(ledger.keys.outbox) == 0
+    real = r.pipeline
+
+    def dying(transaction=True, shard_hint=None):
+        pipe = real(transaction=transaction, shard_hint=shard_hint)
+        if transaction:
+            def die(*a, **kw):
+                raise ConnectionError("the dispatcher died here")
+            pipe.execute = die
+        return pipe
+
+    monkeypatch.setattr(r, "pipeline", dying)
+    try:
+        flush_outbox(r, ledger.keys)
+    except ConnectionError:
+        pass
+    monkeypatch.setattr(r, "pipeline", real)
+    assert queue.count == 0 and r.llen(ledger.keys.outbox) == 2
+    assert not any(r.exists(f"rq:job:{aid}") for aid in admission.attempt_ids)
+    assert flush_outbox(r, ledger.keys) == 2
+    assert sorted(queue.job_ids) == sorted(admission.attempt_ids)
+    assert r.llen(ledger.keys.outbox) == 0 and flush_outbox(r, ledger.keys) == 0
 
 
 def test_attempts_no_longer_queued_are_not_enqueued(make_ledger, r):
