@@ -61,6 +61,8 @@ class FarmConfig(_Section):
     redis_url: str = ""
     state_dir: str = ".queue-rollout"
     redis_ca_file: str = ""
+    sentinel_password: str = ""
+    redis_wait_replicas: NonNegInt = 0
 
 
 class RolloutConfig(_Section):
@@ -99,6 +101,7 @@ class TimeoutsConfig(_Section):
     pause_barrier: PosInt = 60
     leader_lease: PosInt = 10
     shutdown_grace: PosInt = 30
+    redis_wait: PosFloat = 1.0
 
 
 class AcceptanceConfig(_Section):

@@ -20,14 +20,27 @@ from queue_rollout.config import Config
 MEANINGS: dict[str, tuple[str, str]] = {
     "farm.name": ("The farm's name; every Redis key is `qr:{name}:...`.",
                   "集群名；所有 Redis 键都是 `qr:{name}:...`。"),
-    "farm.redis_url": ("Redis URL (`redis://`, `rediss://`, user and password allowed); empty: "
-                       "the embedded redis-server of `up`/`demo`, found through `state_dir`.",
-                       "Redis URL（可用 `redis://`、`rediss://`、用户名和密码）；为空时使用 "
+    "farm.redis_url": ("Redis URL (`redis://`, `rediss://`, user and password allowed), or "
+                       "Sentinel's `redis+sentinel://[user:pw@]host:port[,host:port...]/service`; "
+                       "empty: the embedded redis-server of `up`/`demo`, found through "
+                       "`state_dir`.",
+                       "Redis URL（可用 `redis://`、`rediss://`、用户名和密码），或 Sentinel 的 "
+                       "`redis+sentinel://[user:pw@]host:port[,host:port...]/service`；为空时使用 "
                        "`up`/`demo` 的内嵌 redis-server，经 `state_dir` 找到。"),
     "farm.state_dir": ("Local folder for the embedded Redis, `redis.url`, node logs and boot ids.",
                        "本地目录：内嵌 Redis、`redis.url`、node 日志与 boot id。"),
     "farm.redis_ca_file": ("CA certificate file for `rediss://` URLs.",
                            "`rediss://` URL 所用的 CA 证书文件。"),
+    "farm.sentinel_password": ("The Sentinels' own password (`requirepass` on their port), "
+                               "for a `redis+sentinel://` URL; the URL's password is the data "
+                               "nodes'.",
+                               "Sentinel 自身的密码（其端口上的 `requirepass`），用于 "
+                               "`redis+sentinel://` URL；URL 中的密码是数据节点的。"),
+    "farm.redis_wait_replicas": ("N: after every ledger change, wait until N replicas hold it "
+                                 "(`WAIT`) before acting on it; 0: do not wait (a failover may "
+                                 "lose the last writes).",
+                                 "N：每次账本变更后，等 N 个副本确认持有（`WAIT`）再据此行动；"
+                                 "0：不等待（故障切换可能丢失最后几次写入）。"),
     "rollout.group_size": ("G: episodes per prompt group.", "G：每个提示组的 episode 数。"),
     "rollout.batch_size": ("B: groups per trainer batch.", "B：每个训练批次的组数。"),
     "rollout.max_concurrent_rollouts": (
@@ -57,6 +70,10 @@ MEANINGS: dict[str, tuple[str, str]] = {
                               "收集器领导权的秒数；过期后由备用收集器接管。"),
     "timeouts.shutdown_grace": ("SIGTERM: seconds running episodes may still finish.",
                                 "SIGTERM：运行中的 episode 还可完成的秒数。"),
+    "timeouts.redis_wait": ("Seconds one `WAIT` for `farm.redis_wait_replicas` may take before "
+                            "the change is sent again.",
+                            "等待 `farm.redis_wait_replicas` 的一次 `WAIT` 最长秒数，"
+                            "超时即重发该变更。"),
     "acceptance.reject_zero_variance": ("Reject groups whose members all got the same reward.",
                                         "拒绝所有成员奖励相同的组。"),
     "acceptance.max_failed_members": ("Failed members a group may have and still be accepted.",

@@ -1,6 +1,6 @@
 """Helpers for the tests: waiting, trivial prompts, a small `queue-rollout up` farm in
-the background, free ports, process trees. (The manual clock is the virtual farm's:
-:class:`queue_rollout.virtual.clock.ManualClock`.)"""
+the background, free ports, process trees, a Sentinel-watched primary and replica.
+(The manual clock is the virtual farm's: :class:`queue_rollout.virtual.clock.ManualClock`.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from queue_rollout.ledger.embedded import free_port
+import redis
+
+from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import cli_exe
 
 T = TypeVar("T")
@@ -104,3 +106,96 @@ def process_tree(root: int) -> set[int]:
         tree |= more
         grew = bool(more)
     return tree
+
+
+class EmbeddedSentinel(EmbeddedRedis):
+    """A Redis Sentinel (``redis-server sentinel.conf --sentinel``) watching *service*
+    at 127.0.0.1:*primary_port*, quick to act: down after 1 s, quorum 2."""
+
+    def __init__(self, state_dir: Path, *, service: str, primary_port: int,
+                 down_after_ms: int = 1000, password: str = "") -> None:
+        super().__init__(state_dir, write_url=False)
+        self.service, self.primary_port, self.down_after_ms = service, primary_port, down_after_ms
+        self.password = password
+
+    def client(self, timeout: float = 1.0) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=timeout,
+                           password=self.password or None)
+
+    def command(self) -> list[str]:
+        conf = self.data_dir / "sentinel.conf"
+        if not conf.exists():  # Sentinel rewrites it: a restart keeps what it learned
+            conf.write_text(
+                f"port {self.port}\nbind 127.0.0.1\ndir {self.data_dir.resolve()}\n"
+                f"logfile {self.log_path.resolve()}\n"
+                f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} 5000\n"
+                + (f"requirepass {self.password}\nsentinel sentinel-pass {self.password}\n"
+                   if self.password else ""))
+        return [find_redis_server(), str(conf.resolve()), "--sentinel"]
+
+
+class SentinelSet:
+    """A primary, one replica and three Sentinels on loopback; ``url`` is the farm's
+    ``redis+sentinel://`` URL. ``primary()`` is whichever node the Sentinels name."""
+
+    SERVICE = "qr"
+
+    def __init__(self, root: Path, *, sentinel_password: str = "") -> None:
+        self.nodes = [EmbeddedRedis(root / "a", write_url=False)]
+        self.nodes[0].start()
+        self.nodes.append(EmbeddedRedis(root / "b", write_url=False, extra_args=(
+            "--replicaof", "127.0.0.1", str(self.nodes[0].port))))
+        self.nodes[1].start()
+        self.sentinels = [EmbeddedSentinel(root / f"s{i}", service=self.SERVICE,
+                                           primary_port=self.nodes[0].port,
+                                           password=sentinel_password)
+                          for i in range(3)]
+        for s in self.sentinels:
+            s.start()
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        self.url = f"redis+sentinel://{hosts}/{self.SERVICE}"
+        wait_for(lambda: self.settled(self.nodes[0].port), 30, "the Sentinels to see the set")
+
+    def _ask(self, sentinel: EmbeddedRedis, *command: str) -> object:
+        client = sentinel.client(timeout=1.0)
+        try:
+            return client.execute_command(*command)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+
+    def primary_port(self) -> int | None:
+        """The primary's port as the first Sentinel that answers names it."""
+        for s in self.sentinels:
+            addr = self._ask(s, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
+            if isinstance(addr, list | tuple) and len(addr) == 2:
+                return int(addr[1])
+        return None
+
+    def primary(self) -> EmbeddedRedis:
+        port = self.primary_port()
+        return next(n for n in self.nodes if n.port == port)
+
+    def settled(self, primary_port: int) -> bool:
+        """Every Sentinel names *primary_port* and the other node replicates from it."""
+        for s in self.sentinels:
+            addr = self._ask(s, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
+            if not isinstance(addr, list | tuple) or int(addr[1]) != primary_port:
+                return False
+        primary = next(n for n in self.nodes if n.port == primary_port)
+        client = primary.client()
+        try:
+            info = client.info("replication")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        return bool(info.get("role") == "master" and info.get("connected_slaves", 0) >= 1
+                    and info.get("slave0", {}).get("state") == "online")
+
+    def stop(self) -> None:
+        for proc in [*self.sentinels, *self.nodes]:
+            proc.stop()

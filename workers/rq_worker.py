@@ -52,7 +52,7 @@ from rq.worker import SimpleWorker
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import QueueRolloutError
-from queue_rollout.ledger.connection import client_url, connect, resolve_url, translate_errors
+from queue_rollout.ledger.connection import client_url, connect_config, translate_errors
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner, LeaseKeeper
@@ -283,10 +283,9 @@ def child_main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {spec.worker_id}/{spec.index} "
                                "%(levelname)s %(message)s")
-    url, ca = resolve_url(spec.config), spec.config.farm.redis_ca_file
-    process = EpisodeProcess(spec, connect(url, ca, max_connections=POOL_CONNECTIONS),
-                             connect(url, ca, max_connections=1,
-                                     socket_timeout=DEQUEUE_TIMEOUT_S + 10))
+    process = EpisodeProcess(spec, connect_config(spec.config, max_connections=POOL_CONNECTIONS),
+                             connect_config(spec.config, max_connections=1,
+                                            socket_timeout=DEQUEUE_TIMEOUT_S + 10))
     def on_signal(signum: int, frame: object) -> None:
         process.request_stop()
 

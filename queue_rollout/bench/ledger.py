@@ -11,16 +11,19 @@ schedule, so a change in the machine's background load hits both alike.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.ledger.durable import WaitPolicy
+from queue_rollout.ledger.embedded import EmbeddedRedis, replica_of
 
 GROUP = 8
 FARM = "bench"
@@ -34,6 +37,7 @@ class LedgerBenchResult:
     ledger_ops: int
     trivial_calls: int
     redis_us_per_call: dict[str, float]
+    wait_replicas: int = 0
 
     @property
     def ledger_ops_per_s(self) -> float:
@@ -51,6 +55,7 @@ class LedgerBenchResult:
         return {
             "profile": "ledger",
             "clients": self.clients,
+            "wait_replicas": self.wait_replicas,
             "ledger_ops_per_s": round(self.ledger_ops_per_s, 1),
             "trivial_script_per_s": round(self.trivial_script_per_s, 1),
             "ratio": round(self.ratio, 3),
@@ -71,9 +76,9 @@ def segment_kinds(rounds: int) -> list[str]:
 
 
 def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
-            out: mp.Queue[dict[str, int]]) -> None:
+            wait_replicas: int, out: mp.Queue[dict[str, int]]) -> None:
     client = redis.Redis.from_url(url)
-    ledger = Ledger(client, FARM, _rollout())
+    ledger = Ledger(client, FARM, _rollout(), wait=WaitPolicy(wait_replicas))
     trivial = client.register_script("return 1")
     key = f"bench:{{{FARM}}}:trivial"
     trivial(keys=[key], args=[index])  # loaded before the clock starts
@@ -105,11 +110,11 @@ def _evalsha_us(client: redis.Redis) -> float:
     return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
 
 
-def script_costs(url: str, groups: int = 200) -> dict[str, float]:
+def script_costs(url: str, groups: int = 200, wait_replicas: int = 0) -> dict[str, float]:
     """Redis-side microseconds per call of each script (INFO commandstats), measured
     from one client, one operation kind at a time."""
     client = redis.Redis.from_url(url)
-    ledger = Ledger(client, "bench-cost", _rollout())
+    ledger = Ledger(client, "bench-cost", _rollout(), wait=WaitPolicy(wait_replicas))
     ledger.submit((f"c{i}", b"{}") for i in range(groups))
     trivial = client.register_script("return 1")
     trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
@@ -127,6 +132,8 @@ def script_costs(url: str, groups: int = 200) -> dict[str, float]:
         for member, aid in enumerate(a.attempt_ids):
             ledger.finish(aid, member, b"{}", output_tokens=1)
     costs["finish"] = _evalsha_us(client)
+    if wait_replicas:  # WAIT's own time on the server (its wait for the replica is not)
+        costs["wait"] = float(client.info("commandstats")["cmdstat_wait"]["usec_per_call"])
     client.config_resetstat()
     for _ in range(groups * 8):
         trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
@@ -136,12 +143,16 @@ def script_costs(url: str, groups: int = 200) -> dict[str, float]:
 
 
 def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
-                     prompts: int = 60_000) -> LedgerBenchResult:
+                     prompts: int = 60_000, wait_replicas: int = 0) -> LedgerBenchResult:
     """Run against a private redis-server (never a production farm). *seconds* is the
-    time per kind, split into *rounds* segments of each."""
+    time per kind, split into *rounds* segments of each. With *wait_replicas*, that
+    many private replicas follow it and every ledger change waits for them (WAIT)."""
     segment_s = seconds / rounds
     with tempfile.TemporaryDirectory(prefix="qr-bench-") as tmp, \
-            EmbeddedRedis(tmp, write_url=False, appendfsync="everysec") as server:
+            EmbeddedRedis(tmp, write_url=False, appendfsync="everysec") as server, \
+            contextlib.ExitStack() as replicas:
+        for i in range(wait_replicas):
+            replicas.callback(replica_of(server, Path(tmp) / f"replica{i}").stop)
         client = redis.Redis.from_url(server.url)
         setup = Ledger(client, FARM, _rollout())
         for start in range(0, prompts, 5000):
@@ -150,7 +161,8 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
         ctx = mp.get_context("spawn")
         out: mp.Queue[dict[str, int]] = ctx.Queue()
         t0 = time.time() + 2.0  # spawn and import before the first segment
-        procs = [ctx.Process(target=_client, args=(server.url, i, t0, segment_s, rounds, out))
+        procs = [ctx.Process(target=_client,
+                             args=(server.url, i, t0, segment_s, rounds, wait_replicas, out))
                  for i in range(clients)]
         for p in procs:
             p.start()
@@ -158,10 +170,10 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
         results = [out.get(timeout=total) for _ in procs]
         for p in procs:
             p.join()
-        costs = script_costs(server.url)
+        costs = script_costs(server.url, wait_replicas=wait_replicas)
     return LedgerBenchResult(
         clients, seconds,
         ledger_ops=sum(r["ledger"] for r in results),
         trivial_calls=sum(r["trivial"] for r in results),
-        redis_us_per_call=costs,
+        redis_us_per_call=costs, wait_replicas=wait_replicas,
     )

@@ -35,12 +35,16 @@ class BenchArgs:
     ledger_clients: int = 8
     ledger_seconds: float = 6.0
     ledger_rounds: int = 3
+    wait_replicas: int = 0  # ledger: replicas every change waits for
     command: str = "queue-rollout bench"  # for the report
     workdir: Path | None = None  # its farms' state and logs (None: a temporary folder)
     verbose: bool = False  # the processes' logs on the terminal instead of in workdir
 
 
-def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the profiles *args* names; results on *out*, progress on *err* (the
+    process's streams as they are when called)."""
+    out, err = out or sys.stdout, err or sys.stderr
     profiles = ALL if args.profile == "all" else (args.profile,)
     shape = Shape(max_staleness=args.max_staleness)
     scale = Scale(time=args.time_scale, tokens=args.token_scale)
@@ -109,9 +113,11 @@ def run_bench(args: BenchArgs, out: TextIO = sys.stdout, err: TextIO = sys.stder
 
         progress(f"ledger: {args.ledger_clients} clients, {args.ledger_seconds:g} s per kind")
         lb = run_ledger_bench(clients=args.ledger_clients, seconds=args.ledger_seconds,
-                              rounds=args.ledger_rounds)
+                              rounds=args.ledger_rounds, wait_replicas=args.wait_replicas)
         costs = ", ".join(f"{k} {v:g}" for k, v in lb.redis_us_per_call.items())
-        emit(lb.as_json(), f"bench ledger: {lb.clients} clients\n"
+        waits = (f", each change waiting for {lb.wait_replicas} replica(s)"
+                 if lb.wait_replicas else "")
+        emit(lb.as_json(), f"bench ledger: {lb.clients} clients{waits}\n"
              f"  ledger ops/s (admit, start, finish) {lb.ledger_ops_per_s:12,.0f}\n"
              f"  trivial script calls/s (floor)      {lb.trivial_script_per_s:12,.0f}\n"
              f"  ratio                               {lb.ratio:12.2f}\n"

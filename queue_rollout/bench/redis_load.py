@@ -24,6 +24,7 @@ Then the projection to a farm of ``PROJECT_GPUS`` x ``PROJECT_SLOTS`` slots with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import threading
@@ -42,7 +43,7 @@ from queue_rollout.errors import InvariantViolation
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port, replica_of
 
 PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
 #: What one Redis must stay under (issue targets): per GPU idle, per episode, ...
@@ -117,6 +118,7 @@ class RedisLoadResult:
     running_episodes: int
     pause_barrier_s: list[float] = field(default_factory=list)  # each pause() call
     resume_s: list[float] = field(default_factory=list)  # resume() to every replica going
+    wait_replicas: int = 0  # farm.redis_wait_replicas of the farm measured
     notes: list[str] = field(default_factory=list)
 
     # -- per unit, above the empty server ---------------------------------------------
@@ -177,6 +179,7 @@ class RedisLoadResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "profile": "redis-load", "gpus": self.gpus, "slots_per_gpu": self.slots_per_gpu,
+            "wait_replicas": self.wait_replicas,
             "baseline_core_pct": round(self.baseline.core_pct, 4),
             "baseline_calls_per_s": round(self.baseline.calls_per_s, 2),
             "idle_calls_per_gpu_s": round(self.idle_calls_per_gpu_s, 3),
@@ -207,9 +210,10 @@ def _median_max(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
-def _config(redis_url: str, state: Path, gpus: int, slots: int) -> Config:
+def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int) -> Config:
     return msgspec.convert({
-        "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state)},
+        "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state),
+                 "redis_wait_replicas": wait_replicas},
         "rollout": {"group_size": 8, "batch_size": 16, "max_concurrent_samples": gpus * slots,
                     "max_staleness": 1_000_000},
         "engine": {"replicas": gpus, "slots_per_replica": slots, "threads_per_process": slots,
@@ -220,18 +224,23 @@ def _config(redis_url: str, state: Path, gpus: int, slots: int) -> Config:
 
 
 def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0,
-                         burst_groups: int = 100, run_s: float = 20.0,
+                         burst_groups: int = 100, run_s: float = 20.0, wait_replicas: int = 0,
                          workdir: Path, logs: bool = True,
                          progress: Callable[[str], None] = lambda line: None
                          ) -> RedisLoadResult:
+    """With *wait_replicas*, that many private replicas follow the Redis (their own
+    traffic is in the baseline) and the farm waits for them on every ledger change."""
     workdir.mkdir(parents=True, exist_ok=True)
-    with EmbeddedRedis(workdir / "redis", write_url=False) as server:
+    with EmbeddedRedis(workdir / "redis", write_url=False) as server, \
+            contextlib.ExitStack() as replicas:
+        for i in range(wait_replicas):
+            replicas.callback(replica_of(server, workdir / f"replica{i}").stop)
         meter = connect(server.url)
         progress(f"redis-load: baseline, the empty Redis for {idle_s:g}s")
         a = read(meter)
         time.sleep(idle_s)
         baseline = Window.between(a, read(meter))
-        config = _config(server.url, workdir / "farm", gpus, slots)
+        config = _config(server.url, workdir / "farm", gpus, slots, wait_replicas)
         farm = LocalFarm(config, workdir / "farm" / "farm.toml",
                          log_dir=workdir / "logs" if logs else None)
         farm.start()
@@ -247,7 +256,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             time.sleep(idle_s)
             b = read(meter)
             idle = Window.between(a, b)
-            connections = b.clients - 2  # the meter and the trainer client
+            connections = b.clients - 2 - wait_replicas  # the meter, the trainer, replicas
             progress("redis-load: the pause barrier and resume, 10 times")
             pauses, resumes = _pause_latency(client, rounds=10)
             progress(f"redis-load: a burst of {burst_groups} groups of 8 tiny episodes")
@@ -259,7 +268,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             farm.stop()
             meter.close()
     return RedisLoadResult(gpus, slots, baseline, idle, connections, burst, episodes,
-                           running, held, pauses, resumes)
+                           running, held, pauses, resumes, wait_replicas)
 
 
 def _pause_latency(client: RolloutClient, rounds: int) -> tuple[list[float], list[float]]:
@@ -332,8 +341,9 @@ def _running(client: RolloutClient, meter: redis.Redis, slots: int, run_s: float
 def redis_load_text(r: dict[str, Any]) -> str:
     p = r["projection"]
     lines = [
-        f"bench redis-load: {r['gpus']} GPUs x {r['slots_per_gpu']} slots "
-        f"(empty Redis: {r['baseline_calls_per_s']:.2f} calls/s, "
+        f"bench redis-load: {r['gpus']} GPUs x {r['slots_per_gpu']} slots"
+        + (f", changes wait for {r['wait_replicas']} replica(s)" if r["wait_replicas"] else "")
+        + f" (empty Redis: {r['baseline_calls_per_s']:.2f} calls/s, "
         f"{r['baseline_core_pct']:.3f}% of a core, subtracted)",
         f"  idle calls/s per GPU          {r['idle_calls_per_gpu_s']:10.2f}   (target <= 4)",
         f"  idle Redis core % per GPU     {r['idle_core_pct_per_gpu']:10.4f}   (target <= 0.02)",

@@ -18,7 +18,7 @@ from typing import TextIO
 import redis
 
 from queue_rollout.config import Config, RolloutConfig
-from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.connection import connect, connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import LiveView
@@ -93,7 +93,7 @@ def run_demo(config: Config, *, prompts: int = 128, batches: int = 6,
         "ledger: Lua scripts on an embedded redis-server; replicas: simulated, virtual time\n")
     with tempfile.TemporaryDirectory(prefix="qr-demo-") as tmp:
         if config.farm.redis_url:
-            client = connect(config.farm.redis_url, config.farm.redis_ca_file)
+            client = connect_config(config)
             server = None
         else:
             server = EmbeddedRedis(tmp, write_url=False)

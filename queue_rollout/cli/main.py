@@ -39,7 +39,7 @@ def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
         return 0
     if report.problems:
         print(f"doctor: {len(report.problems)} problem(s); `queue-rollout doctor --repair` "
-              "rewrites the counters from the records")
+              "mends them from the ledger's records")
         return 1
     print(f"doctor: ok ({report.expected['reserved']} slots reserved, "
           f"{report.expected['in_flight']} groups in flight)")
@@ -100,6 +100,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         if not args.verbose:
             log_to_file(work / "bench.log")
         load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,
+                                    wait_replicas=args.wait_replicas,
                                     idle_s=args.idle_s, run_s=args.run_s,
                                     burst_groups=args.burst_groups, workdir=work,
                                     logs=not args.verbose,
@@ -117,6 +118,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         max_staleness=args.max_staleness, time_scale=args.time_scale,
         token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
         ledger_clients=args.clients, ledger_seconds=args.seconds, ledger_rounds=args.rounds,
+        wait_replicas=args.wait_replicas,
         command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
 
@@ -362,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sim-replica: seconds measured")
     p.add_argument("--rounds", type=_positive, default=3,
                    help="ledger: alternating segments of each kind (default 3)")
+    p.add_argument("--wait-replicas", type=_non_negative, default=0,
+                   help="ledger, redis-load: start this many private replicas and make "
+                        "every ledger change wait for them (farm.redis_wait_replicas)")
     p.add_argument("--requests", type=_positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
     p.add_argument("--gpus", type=_positive, default=8,

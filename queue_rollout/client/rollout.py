@@ -9,6 +9,13 @@
 
 A trainer that restarts with the same consumer id gets its unacknowledged batch again.
 Results are deleted from Redis once their batch is acknowledged.
+
+A client remembers the groups it trained on (the last :data:`REMEMBERED_GROUPS`). A
+farm that does not wait for replicas (``farm.redis_wait_replicas = 0``) can lose its
+last ledger changes in a Redis failover, among them a delivery or an acknowledgement;
+the groups involved are then delivered again, and the client drops the ones it trained
+on (a batch of nothing but those is acknowledged without reaching the trainer). A
+trainer that restarted in between has forgotten them and trains on them twice.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +45,8 @@ from queue_rollout.results import decode_result
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_POLL_S = 0.5  # get_batch polls the ledger at most this far apart
+#: How many group ids a client remembers having trained on.
+REMEMBERED_GROUPS = 100_000
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,8 @@ class RolloutClient:
         self.config = config
         self.consumer = consumer
         self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease)
+        self._received: dict[str, list[str]] = {}  # batch id -> group ids, not yet acked
+        self._trained: OrderedDict[str, None] = OrderedDict()  # groups passed to ack()
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | Config | None = None,
@@ -119,14 +131,30 @@ class RolloutClient:
         polled on (a restarted Redis is found again), until the timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = min(0.02, max_poll_s)
-        while (delivery := self._pop_batch()) is None:
+        while True:
+            delivery = self._pop_batch()
+            if delivery is not None:
+                gids = list(delivery.batch.groups)
+                fresh = [gid for gid in gids if gid not in self._trained]
+                if fresh:
+                    break
+                log.warning("batch %s holds only groups this trainer trained on (a ledger "
+                            "change lost in a Redis failover): acknowledged untrained",
+                            delivery.batch.id)
+                self.ledger.ack(self.consumer, delivery.batch.id)
+                continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise BarrierTimeout(f"no batch of {self.config.rollout.batch_size} groups "
                                      f"within {timeout:g}s")
             time.sleep(delay)
             delay = min(delay * 1.5, max_poll_s)
+        if len(fresh) < len(gids):
+            log.warning("batch %s: %d of its groups were trained on already (a ledger change "
+                        "lost in a Redis failover): delivered without them",
+                        delivery.batch.id, len(gids) - len(fresh))
+        self._received[delivery.batch.id] = gids
         return Batch(delivery.batch.id, delivery.batch.version,
-                     [self._group(gid) for gid in delivery.batch.groups], delivery.redelivered)
+                     [self._group(gid) for gid in fresh], delivery.redelivered)
 
     def _pop_batch(self) -> Delivery | None:
         try:
@@ -154,10 +182,21 @@ class RolloutClient:
         return Group(group_id, json.loads(prompt) if prompt else {}, members)
 
     def ack(self, batch: Batch) -> None:
-        """The batch was trained on: its groups are consumed and their results deleted."""
+        """The batch was trained on: its groups are consumed and their results deleted.
+        A batch this client received whose delivery the ledger lost (a Redis failover)
+        is refused by the ledger: logged, and its groups remembered so that they are
+        dropped when they are delivered again."""
         answer = self.ledger.ack(self.consumer, batch.id)
-        if answer.ignored:
+        gids = self._received.pop(batch.id, None)
+        for gid in gids if gids is not None else [g.id for g in batch.groups]:
+            self._trained[gid] = None
+        while len(self._trained) > REMEMBERED_GROUPS:
+            self._trained.popitem(last=False)
+        if answer.ignored and gids is None:
             raise BadInput(f"ack of batch {batch.id} refused: {answer.reason}")
+        if answer.ignored:
+            log.warning("ack of batch %s refused (%s): the ledger lost its delivery; its "
+                        "groups will be dropped if delivered again", batch.id, answer.reason)
 
     # -- trainer controls ------------------------------------------------------------
 

@@ -41,6 +41,14 @@ class LedgerCollector:
     def __init__(self, ledger: Ledger, config: Config) -> None:
         self.ledger, self.config = ledger, config
 
+    def _replicas_acked(self) -> int:
+        """The last WAIT answer of the collector's changes; a farm that does not wait
+        asks now (``WAIT 0 0`` answers at once: the replicas that caught up)."""
+        durable = self.ledger.durable
+        if durable is not None and durable.last_acked is not None:
+            return durable.last_acked
+        return int(self.ledger.client.execute_command("WAIT", 0, 0))
+
     def collect(self) -> Iterator[Metric]:
         client, keys = self.ledger.client, self.ledger.keys
         pipe = client.pipeline(transaction=False)
@@ -78,6 +86,10 @@ class LedgerCollector:
                     client.llen(keys.ready))
         yield gauge("redis_used_memory_bytes", "Redis used_memory.",
                     int(client.info("memory").get("used_memory", 0)))
+        yield gauge("redis_wait_replicas", "farm.redis_wait_replicas: replicas every ledger "
+                    "change waits for.", self.config.farm.redis_wait_replicas)
+        yield gauge("redis_replicas_acked", "Replicas that acknowledged the collector's "
+                    "latest ledger change (WAIT's answer).", self._replicas_acked())
         yield counter("groups_admitted", "Groups admitted.", c.get("admitted", 0))
         yield counter("groups_accepted", "Groups accepted.", c.get("accepted", 0))
         yield counter("groups_consumed", "Groups consumed by trainers.", c.get("consumed", 0))

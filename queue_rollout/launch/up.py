@@ -24,7 +24,7 @@ import msgspec
 
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import ConfigError, QueueRolloutError
-from queue_rollout.ledger.connection import connect, mask_url
+from queue_rollout.ledger.connection import connect_config, mask_url
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
@@ -135,7 +135,7 @@ class LocalFarm:
     def wait_ready(self, stop: threading.Event, timeout: float = 120.0) -> bool:
         """Until every worker has registered and the collector leads (so `up` prints
         its line when the farm works); False if that took longer than *timeout*."""
-        client = connect(self.config.farm.redis_url, self.config.farm.redis_ca_file)
+        client = connect_config(self.config)
         keys = Keys(self.config.farm.name)
         registry = Registry(client, keys, self.config.timeouts.lease)
         deadline = time.monotonic() + timeout

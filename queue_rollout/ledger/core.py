@@ -18,6 +18,7 @@ import redis
 
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.ledger.connection import client_url, translate_errors
+from queue_rollout.ledger.durable import UNWAITED, DurableCalls, WaitPolicy
 from queue_rollout.ledger.keys import EVENTS_GROUP, Keys, episode_field
 from queue_rollout.ledger.records import (
     SUPERSEDED,
@@ -89,14 +90,18 @@ class Ledger:
 
     def __init__(
         self, client: redis.Redis, farm: str, rollout: RolloutConfig,
-        *, clock: Clock = time.time,
+        *, clock: Clock = time.time, wait: WaitPolicy | None = None,
     ) -> None:
         self.client = client
         self.keys = Keys(farm)
         self.rollout = rollout
         self.clock = clock
-        self._scripts = Scripts(client)
         self._url = client_url(client)
+        waits = wait is not None and wait.replicas > 0
+        self._scripts = Scripts(client, receipts=waits, unwrapped=UNWAITED)
+        #: With replicas to wait for: every change is sent through these.
+        self.durable = (DurableCalls(client, self._scripts, self.keys, wait, self._url)
+                        if wait is not None and waits else None)
 
     @classmethod
     def from_config(cls, client: redis.Redis, config: Config, *,
@@ -104,11 +109,15 @@ class Ledger:
         """The farm's ledger; refuses (ConfigError) a *config* that disagrees with the
         farm's recorded shape (:mod:`queue_rollout.ledger.shape`), and records it if none is."""
         check_shape(client, config)
-        return cls(client, config.farm.name, config.rollout, clock=clock)
+        return cls(client, config.farm.name, config.rollout, clock=clock,
+                   wait=WaitPolicy(config.farm.redis_wait_replicas, config.timeouts.redis_wait))
 
     def _call(self, name: str, keys: list[str], *args: object) -> list[Any]:
+        full = [repr(self.clock()), *args]
+        if self.durable is not None and self._scripts.wrapped(name):
+            return self.durable.call(name, keys, full)
         with translate_errors(self._url):
-            return self._scripts.call(name, keys, [repr(self.clock()), *args])
+            return self._scripts.call(name, keys, full)
 
     def _answer(self, name: str, keys: list[str], *args: object) -> Answer:
         """A script's ``{status, detail}``, with the detail in its named field: a reason

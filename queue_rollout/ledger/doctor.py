@@ -7,12 +7,19 @@ must hold exactly the running and doubtful attempts; no counter may be negative.
 The staleness budget's baseline must say that between none and all of the groups
 consumed so far were consumed when the version was last set (``set_version`` makes it
 ``consumed - version * B``).
+Records must agree with each other as well: a stored result belongs to a member whose
+current attempt has ended; every delivered group is in exactly one consumer's held
+batch, and a held batch holds only delivered groups.
 ``repair`` rewrites the counters from the records, and a baseline out of that range as
-if the version were set now (run it with admission paused).
+if the version were set now; it deletes a result no ended attempt stands for (the
+member's attempt runs, or ran, again and records its own), puts a delivered group that
+no batch holds back at the head of the ready queue, and takes out of a held batch the
+groups that are not delivered (run it with admission paused).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +27,14 @@ from dataclasses import dataclass, field
 import redis
 
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.ledger.records import ENDED, SUPERSEDED, decode_attempt, decode_group
+from queue_rollout.ledger.records import (
+    ENDED,
+    SUPERSEDED,
+    GroupRecord,
+    decode_attempt,
+    decode_batch,
+    decode_group,
+)
 
 #: Group states whose attempts and results were deleted.
 PURGED = frozenset({"consumed", "rejected"})
@@ -32,6 +46,12 @@ class Report:
     problems: list[str] = field(default_factory=list)
     #: the budget baseline repair writes, when the stored one is out of range
     baseline: int | None = None
+    #: results (episode fields) that no ended attempt stands for
+    orphan_results: list[str] = field(default_factory=list)
+    #: delivered groups that no held batch holds
+    unheld_groups: list[str] = field(default_factory=list)
+    #: consumer -> (its held batch's record, the groups of it that are delivered)
+    trimmed_batches: dict[str, tuple[bytes, list[str]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -50,6 +70,7 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     live: dict[str, set[str]] = {"running": set(), "doubtful": set()}
     ended = Counter[str]()  # group id -> members whose current attempt ended
     current = Counter[tuple[str, int]]()  # (group id, member) -> attempts not superseded
+    ended_members: set[str] = set()  # episode fields whose current attempt ended
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
         if a.state in live:
@@ -58,6 +79,7 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
             current[(a.g, a.m)] += 1
         if a.state in ENDED:
             ended[a.g] += 1
+            ended_members.add(f"{a.g}/{a.m}")
 
     expected = {
         "reserved": sum(g.slots_held for g in groups.values()),
@@ -92,6 +114,8 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
         for m in range(g.G):
             if current[(gid, m)] != 1:
                 problems.append(f"group {gid} member {m}: {current[(gid, m)]} current attempts")
+    _check_results(client, keys, ended_members, report)
+    _check_batches(client, keys, groups, report)
     ready = client.llen(keys.ready)
     if ready != states["accepted"]:
         problems.append(f"ready queue holds {ready}, {states['accepted']} groups are accepted")
@@ -107,11 +131,55 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     return report
 
 
+def _check_results(client: redis.Redis, keys: Keys, ended_members: set[str],
+                   report: Report) -> None:
+    for field_raw, _ in _scan(client, keys.results):
+        episode = field_raw.decode()
+        if episode not in ended_members:
+            report.orphan_results.append(episode)
+            report.problems.append(f"result {episode}: no ended attempt stands for it")
+
+
+def _check_batches(client: redis.Redis, keys: Keys, groups: dict[str, GroupRecord],
+                   report: Report) -> None:
+    held: dict[str, str] = {}  # group id -> consumer holding it
+    for consumer_raw, raw in _scan(client, keys.batches):
+        consumer, batch = consumer_raw.decode(), decode_batch(raw)
+        keep = []
+        for gid in batch.groups:
+            state = groups[gid].state if gid in groups else "unknown"
+            if state != "delivered" or gid in held:
+                report.problems.append(f"batch {batch.id} of {consumer}: group {gid} is "
+                                       + (f"held by {held[gid]} too" if gid in held else state))
+            else:
+                held[gid] = consumer
+                keep.append(gid)
+        if len(keep) != len(batch.groups):
+            report.trimmed_batches[consumer] = (raw, keep)
+    for gid, g in sorted(groups.items()):
+        if g.state == "delivered" and gid not in held:
+            report.unheld_groups.append(gid)
+            report.problems.append(f"group {gid}: delivered, but no batch holds it")
+
+
 def repair(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     """Rewrite the derived counters, the lease/doubt sets and an out-of-range budget
     baseline from the records."""
     report = examine(client, keys, batch_size)
     pipe = client.pipeline(transaction=True)
+    if report.orphan_results:
+        pipe.hdel(keys.results, *report.orphan_results)
+    for consumer, (raw, keep) in report.trimmed_batches.items():
+        if keep:  # edited as JSON: the scripts' decoder sees only the fields it wrote
+            pipe.hset(keys.batches, consumer, json.dumps({**json.loads(raw), "groups": keep}))
+        else:
+            pipe.hdel(keys.batches, consumer)
+    for gid in reversed(report.unheld_groups):  # back at the head, in their order
+        raw_group = client.hget(keys.groups, gid)
+        if raw_group is not None:
+            pipe.hset(keys.groups, gid, json.dumps({**json.loads(raw_group),
+                                                    "state": "accepted"}))
+            pipe.lpush(keys.ready, gid)
     pipe.hset(keys.counters, mapping=report.expected)
     if report.baseline is not None:
         pipe.hset(keys.state, "budget_baseline", report.baseline)

@@ -198,3 +198,23 @@ class EmbeddedRedis:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def replica_of(primary: EmbeddedRedis, state_dir: str | Path,
+               timeout: float = 30.0) -> EmbeddedRedis:
+    """Start a redis-server replicating *primary* (for the benchmarks' and tests'
+    ``farm.redis_wait_replicas``), once its link is up and its first sync done."""
+    replica = EmbeddedRedis(state_dir, write_url=False, appendfsync=primary.appendfsync,
+                            extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+    replica.start()
+    client = primary.client()
+    deadline = time.monotonic() + timeout
+    try:
+        while client.info("replication").get("slave0", {}).get("state") != "online":
+            if time.monotonic() > deadline:
+                replica.stop()
+                raise EmbeddedRedisError(f"the replica did not sync within {timeout:g}s")
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return replica

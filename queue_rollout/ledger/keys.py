@@ -150,6 +150,11 @@ class Keys:
         """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
         return f"qr-{self.farm}-episodes"
 
+    def receipt(self, token: str) -> str:
+        """String: what one ledger change answered, kept while its caller waits for
+        replicas (farm.redis_wait_replicas) and deleted once they hold it."""
+        return self._k(f"receipt:{token}")
+
 
 def episode_field(group_id: str, member: int) -> str:
     """Field of an episode's result in the results hash (as _lib.lua builds it)."""

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 
 from queue_rollout.config import Config
-from queue_rollout.ledger.connection import translate_errors
+from queue_rollout.ledger.connection import primary_address, translate_errors
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
 
@@ -33,6 +33,7 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     pipe.llen(keys.pending)
     pipe.llen(keys.ready)
     raw_counters, raw_state, pending, ready = pipe.execute()
+    replicas = _online_replicas(client)
     c = {k.decode(): int(v) for k, v in raw_counters.items()}
     state = {k.decode(): v.decode() for k, v in raw_state.items()}
     r = config.rollout
@@ -40,6 +41,9 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     return {
         "farm": config.farm.name,
         "redis_url": redis_url,
+        "redis_primary": primary_address(client),
+        "redis_replicas": replicas,
+        "redis_wait_replicas": config.farm.redis_wait_replicas,
         "mode": r.mode,
         "capacity": capacity,
         "reserved": c.get("reserved", 0),
@@ -60,6 +64,18 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     }
 
 
+def _online_replicas(client: redis.Redis) -> int | None:
+    """Replicas attached to the primary and online, from INFO replication; None for an
+    ACL user that may not run INFO (the trainer's in ops/users.acl)."""
+    try:
+        replication = client.info("replication")
+    except redis.exceptions.NoPermissionError:
+        return None
+    return sum(1 for name, value in replication.items()
+               if name.startswith("slave") and isinstance(value, dict)
+               and value.get("state") == "online")
+
+
 def format_status(s: dict[str, Any]) -> str:
     g = s["groups"]
     return "\n".join([
@@ -70,4 +86,20 @@ def format_status(s: dict[str, Any]) -> str:
         f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
         f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed",
         f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",
+        f"redis     primary {s['redis_primary']}, {_replicas_text(s['redis_replicas'])}"
+        + (f", changes wait for {s['redis_wait_replicas']}" if s["redis_wait_replicas"] else ""),
+        *([f"HOLDING   {s['redis_replicas']} of farm.redis_wait_replicas = "
+           f"{s['redis_wait_replicas']} replicas online: no ledger change completes until "
+           "enough replicas hold it"] if _short(s) else []),
     ])
+
+
+def _replicas_text(replicas: int | None) -> str:
+    if replicas is None:
+        return "replicas unknown (this Redis user may not run INFO)"
+    return f"{replicas} replica(s) online"
+
+
+def _short(s: dict[str, Any]) -> bool:
+    replicas = s["redis_replicas"]
+    return replicas is not None and replicas < s["redis_wait_replicas"]

@@ -157,11 +157,13 @@ def test_alert_rules_fire_on_the_series_they_are_meant_for(tmp_path):
     trouble = series(doubtful_attempts="0+1x40", groups_in_flight="5x40",
                      batches_delivered_total="3x40", workers_alive="4x20 3x20",
                      staleness_le_1_0="0x40", staleness_le_2_0="0+10x40",
-                     staleness_le_inf="0+10x40", up="1x30 0x10")
+                     staleness_le_inf="0+10x40", up="1x30 0x10",
+                     redis_wait_replicas="1x40", redis_replicas_acked="1x20 0x20")
     healthy = series(doubtful_attempts="1x40", groups_in_flight="5x40",
                      batches_delivered_total="0+1x40", workers_alive="4x40",
                      staleness_le_1_0="0+10x40", staleness_le_2_0="0+10x40",
-                     staleness_le_inf="0+10x40", up="1x40")
+                     staleness_le_inf="0+10x40", up="1x40",
+                     redis_wait_replicas="1x40", redis_replicas_acked="1x40")
     no_workers = series(workers_alive="2x5 0x20", up="1x25")
     tests = {
         "rule_files": [str(GRAFANA / "alerts.yml")],
@@ -170,10 +172,10 @@ def test_alert_rules_fire_on_the_series_they_are_meant_for(tmp_path):
             {"interval": "1m", "input_series": trouble, "promql_expr_test": [
                 firing("30m", "QueueRolloutDoubtfulAttemptsRising",
                        "QueueRolloutNoBatchDelivered", "QueueRolloutWorkersLost",
-                       "QueueRolloutStalenessNearBudget"),
+                       "QueueRolloutStalenessNearBudget", "QueueRolloutRedisReplicasShort"),
                 firing("40m", "QueueRolloutDoubtfulAttemptsRising",
                        "QueueRolloutNoBatchDelivered", "QueueRolloutStalenessNearBudget",
-                       "QueueRolloutCollectorDown")]},
+                       "QueueRolloutCollectorDown", "QueueRolloutRedisReplicasShort")]},
             {"interval": "1m", "input_series": healthy,
              "promql_expr_test": [firing("30m")]},
             {"interval": "1m", "input_series": no_workers, "promql_expr_test": [

@@ -365,6 +365,7 @@ def test_the_farm_runs_end_to_end_as_collector_worker_and_trainer_users(
             status = trainer.status()
             assert status["workers"] == {"alive": 1, "slots": 2}
             assert status["groups"]["consumed"] == 4 and status["version"] == 3
+            assert status["redis_replicas"] == 0 and status["redis_primary"].startswith("127.")
 
             # the collector's other duties: metrics (INFO memory), a full reconciler scan
             metrics = {m.name: m for m in LedgerCollector(ledger, config).collect()}
@@ -451,3 +452,35 @@ def test_each_user_is_refused_outside_its_scope(ops_redis, admin):
     users = {entry["username"] for entry in acl_log(admin)}
     assert {"worker", "collector", "trainer"} <= users
     assert admin.config_get("appendonly")["appendonly"] == "yes"  # nothing got through
+
+
+def test_the_example_sentinel_conf_starts_a_sentinel_that_asks_for_its_password(tmp_path):
+    """ops/sentinel.conf, with the addresses, directory and placeholders of this machine,
+    starts a Sentinel that watches qr-prod and refuses clients without its password."""
+    port = free_port()
+    text = (OPS / "sentinel.conf").read_text()
+    text = (text.replace("port 26379", f"port {port}")
+            .replace("bind 10.0.0.11 127.0.0.1", "bind 127.0.0.1")
+            .replace("dir /var/lib/redis-sentinel", f"dir {tmp_path}")
+            .replace("SENTINEL_USER_PASSWORD", "user-pw")
+            .replace("SENTINEL_PORT_PASSWORD", "port-pw"))
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(text)
+    proc = subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        client = redis.Redis(port=port, password="port-pw", socket_timeout=1)
+        masters = wait_for(lambda: _quietly(client.sentinel_masters), 20, "the Sentinel")
+        assert masters["qr-prod"]["port"] == 6379 and masters["qr-prod"]["quorum"] == 2
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=1).sentinel_masters()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _quietly(call):
+    try:
+        return call()
+    except redis.RedisError:
+        return None

@@ -12,14 +12,23 @@ def test_ledger_bench_json_shape(capsys):
     assert main(["bench", "--profile", "ledger", "--json", "--clients", "2",
                  "--seconds", "0.6", "--rounds", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"profile", "clients", "ledger_ops_per_s", "trivial_script_per_s",
-                           "ratio", "redis_us_per_call"}
+    assert set(result) == {"profile", "clients", "wait_replicas", "ledger_ops_per_s",
+                           "trivial_script_per_s", "ratio", "redis_us_per_call"}
     assert set(result["redis_us_per_call"]) == {"admit", "start", "finish", "trivial"}
     assert all(v > 0 for v in result["redis_us_per_call"].values())
-    assert result["profile"] == "ledger" and result["clients"] == 2
+    assert (result["profile"], result["clients"], result["wait_replicas"]) == ("ledger", 2, 0)
     assert result["ledger_ops_per_s"] > 0 and result["trivial_script_per_s"] > 0
     expected = result["ledger_ops_per_s"] / result["trivial_script_per_s"]
     assert abs(result["ratio"] - expected) < 0.01
+
+
+def test_ledger_bench_with_a_replica_waits_for_it_and_says_what_wait_costs(capsys):
+    assert main(["bench", "--profile", "ledger", "--json", "--clients", "1",
+                 "--seconds", "0.4", "--rounds", "1", "--wait-replicas", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["wait_replicas"] == 1 and result["ledger_ops_per_s"] > 0
+    assert set(result["redis_us_per_call"]) == {"admit", "start", "finish", "wait", "trivial"}
+    assert result["redis_us_per_call"]["wait"] > 0
 
 
 def test_segments_alternate_abba():

@@ -184,3 +184,51 @@ def test_every_trainer_call_raises_redis_unavailable_when_redis_is_gone(tmp_path
         else:
             assert isinstance(err.value, RedisUnavailable), name
             assert "Redis unreachable at redis://127.0.0.1:" in str(err.value), name
+
+
+def _rewind_to(client: RolloutClient, dump: dict[bytes, bytes]) -> None:
+    """Put the database back as *dump* holds it: a failover to a replica that missed
+    the writes since (what ``farm.redis_wait_replicas = 0`` allows)."""
+    r = client.ledger.client
+    r.flushdb()
+    for key, value in dump.items():
+        r.restore(key, 0, value)
+
+
+def _dump(client: RolloutClient) -> dict[bytes, bytes]:
+    r = client.ledger.client
+    return {key: r.dump(key) for key in r.scan_iter()}
+
+
+def test_a_lost_ack_or_delivery_never_gives_the_trainer_a_group_twice(farm_toml, caplog):
+    client = RolloutClient.from_config(farm_toml, consumer="t0")
+    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(6)])
+    collector = Collector(client.ledger, client.config, name="c")
+    for _ in range(3):
+        collector.step()
+        finish_all(client)
+    collector.step()
+    trained: list[str] = []
+
+    def train(batch) -> None:
+        trained.extend(g.id for g in batch.groups)
+        client.ack(batch)
+
+    # The acknowledgement is lost: the batch comes back, and is acknowledged untrained.
+    first = client.get_batch(timeout=5)
+    before_ack = _dump(client)
+    train(first)
+    _rewind_to(client, before_ack)
+    # The delivery is lost: the ledger refuses the ack, the groups come again, dropped.
+    before_delivery = _dump(client)
+    second = client.get_batch(timeout=5)
+    assert {g.id for g in second.groups}.isdisjoint(trained)
+    _rewind_to(client, before_delivery)
+    train(second)  # refused by the ledger, logged, no error
+    third = client.get_batch(timeout=5)
+    train(third)
+    assert sorted(trained) == [f"q{i}" for i in range(6)]  # each group once
+    assert client.status()["groups"]["consumed"] == 6
+    assert "acknowledged untrained" in caplog.text and "lost its delivery" in caplog.text
+    with pytest.raises(BarrierTimeout):
+        client.get_batch(timeout=0.2)

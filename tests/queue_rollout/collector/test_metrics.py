@@ -21,6 +21,7 @@ DESIGN_METRICS = [
     "output_tokens_total", "batches_delivered_total", "batch_interval_seconds_bucket",
     "policy_version", "consumed_group_staleness_bucket", "admission_blocked_total",
     "workers_alive", "attempt_retries_total", "partial_groups", "redis_used_memory_bytes",
+    "redis_wait_replicas", "redis_replicas_acked",
 ]
 
 

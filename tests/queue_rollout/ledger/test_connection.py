@@ -388,7 +388,8 @@ def test_a_bad_url_is_a_config_error_that_hides_the_password(
 
 
 @pytest.mark.parametrize(("url", "problem"), [
-    ("http://:{pw}@127.0.0.1:1/0", "it must start with redis://, rediss:// or unix://"),
+    ("http://:{pw}@127.0.0.1:1/0", "it must start with redis://, rediss://, unix://, "
+                                   "redis+sentinel:// or rediss+sentinel://"),
     ("redis://:{pw}@127.0.0.1:port/0", "the port must be a number"),
     ("redis://:{pw}@127.0.0.1:1/zero", "the database (the path) must be a number"),
     ("redis://:{pw}@:1/0", "it names no host"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from queue_rollout.cli.main import main
-from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.doctor import examine, repair
 from testkit import trivial_prompts
 
 
@@ -73,3 +73,31 @@ def test_doctor_without_redis_exits_4_and_hides_the_password(tmp_path, capsys):
     assert main(["doctor", "-c", str(path)]) == 4
     err = capsys.readouterr().err
     assert "redis://user:***@127.0.0.1:1/0" in err and "hunter2" not in err
+
+
+def test_doctor_finds_and_mends_records_that_disagree_with_each_other(make_ledger):
+    ledger = busy_ledger(make_ledger)
+    k, b = ledger.keys, ledger.rollout.batch_size
+    # a result of a member whose attempt is still running (c's member 1)
+    ledger.client.hset(k.results, "p2/1", b"stray")
+    # a delivered group no batch holds: deliver p0, then lose the batch record
+    delivery = ledger.pop_batch("t0")
+    assert delivery is not None and delivery.batch.groups == ["p0"]
+    held = ledger.client.hget(k.batches, "t0")
+    ledger.client.hdel(k.batches, "t0")
+    # and a consumer's batch that names a group that is not delivered (p1: in flight)
+    ledger.client.hset(k.batches, "t1", held.replace(b'"p0"', b'"p1"'))
+    report = examine(ledger.client, k, b)
+    assert set(report.problems) >= {
+        "result p2/1: no ended attempt stands for it",
+        "group p0: delivered, but no batch holds it",
+        f"batch {delivery.batch.id} of t1: group p1 is in_flight",
+    }
+    repair(ledger.client, k, b)
+    assert examine(ledger.client, k, b).ok
+    assert ledger.result("p2", 1) is None and ledger.result("p0", 0) == b"x"
+    assert ledger.client.hget(k.batches, "t1") is None
+    again = ledger.pop_batch("t0")  # p0 is delivered again, whole
+    assert again is not None and again.batch.groups == ["p0"] and not again.redelivered
+    assert ledger.ack("t0", again.batch.id).status == "acked"
+    assert examine(ledger.client, k, b).ok

@@ -1,0 +1,183 @@
+"""Ledger changes that wait for replicas: WAIT rides on the script's connection, a
+shortfall or a lost answer resends the call under the same receipt, and a resent call
+is applied once and answers what it answered first."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from queue_rollout.config import RolloutConfig
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.durable import WaitPolicy
+from queue_rollout.ledger.embedded import EmbeddedRedis, replica_of
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.scripts import Scripts
+from testkit import trivial_prompts, wait_for
+
+ROLLOUT = RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=4)
+
+
+class Pair:
+    def __init__(self, root: Path) -> None:
+        self.primary = EmbeddedRedis(root / "primary", write_url=False)
+        self.primary.start()
+        self.replica = replica_of(self.primary, root / "replica")
+
+    def linked(self) -> bool:
+        client = self.primary.client()
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        return bool(info.get("slave0", {}).get("state") == "online")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    p = Pair(tmp_path_factory.mktemp("pair"))
+    yield p
+    p.replica.stop()
+    p.primary.stop()
+
+
+@pytest.fixture
+def primary(pair: Pair) -> Iterator[redis.Redis]:
+    if not pair.replica.alive():
+        pair.replica.restart()
+    wait_for(pair.linked, 20, "the replica to sync")
+    client = redis.Redis.from_url(pair.primary.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def _ledger(client: redis.Redis, replicas: int = 1, timeout_s: float = 0.2) -> Ledger:
+    return Ledger(client, "d", ROLLOUT, wait=WaitPolicy(replicas, timeout_s))
+
+
+def test_a_change_returns_once_the_replica_holds_it_and_leaves_no_receipt(
+        primary: redis.Redis, pair: Pair) -> None:
+    ledger = _ledger(primary)
+    assert ledger.submit(trivial_prompts(3)).count == 3
+    admission = ledger.admit()
+    assert admission.status == "admitted"
+    assert ledger.durable is not None and ledger.durable.last_acked == 1
+    replica = pair.replica.client()
+    try:  # what the caller acted on is on the replica already
+        assert replica.hget(Keys("d").groups, admission.group_id) is not None
+    finally:
+        replica.close()
+    ledger.start(admission.attempt_ids[0], "w", "r", "b", 30)  # deletes earlier receipts
+    receipts = list(primary.scan_iter(match=Keys("d").receipt("*")))
+    assert len(receipts) == 1  # only the latest call's, deleted with the next
+
+
+def test_the_same_call_sent_again_is_applied_once_with_the_first_answer(
+        primary: redis.Redis) -> None:
+    keys = Keys("d")
+    scripts = Scripts(primary, receipts=True)
+    Ledger(primary, "d", ROLLOUT).submit(trivial_prompts(2))
+    call_keys = [keys.counters, keys.state, keys.pending, keys.groups, keys.attempts,
+                 keys.outbox, keys.receipt("same")]
+    args: list[object] = ["1.0", 2, 1, 8, 2, "group", "a1", "a2", "0", 60]
+    first = scripts.call("admit", call_keys, args)
+    again = scripts.call("admit", call_keys, [*args[:-4], "b1", "b2", "1", 60])
+    assert again == first
+    assert int(primary.hget(keys.counters, "admitted") or 0) == 1
+    assert primary.llen(keys.pending) == 1
+    assert 0 < primary.ttl(keys.receipt("same")) <= 60
+
+
+def test_without_the_replica_a_change_holds_until_it_is_back(
+        primary: redis.Redis, pair: Pair) -> None:
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(2))
+    pair.replica.kill()
+    answers = []
+    caller = threading.Thread(target=lambda: answers.append(ledger.admit()), daemon=True)
+    caller.start()
+    caller.join(1.5)
+    assert caller.is_alive() and not answers  # held: the admission is not acted on
+    assert ledger.durable is not None and ledger.durable.last_acked == 0
+    pair.replica.restart()
+    caller.join(30)
+    assert answers and answers[0].status == "admitted"
+    counters = ledger.counters()  # resent every 0.2 s, applied once
+    assert counters["admitted"] == 1 and counters["reserved"] == 2
+
+
+def test_an_answer_lost_on_the_way_back_is_sent_again_and_applied_once(
+        primary: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(2))
+    real = redis.client.Pipeline.execute
+    calls = []
+
+    def lose_first_answer(self: redis.client.Pipeline, raise_on_error: bool = True) -> object:
+        result = real(self, raise_on_error=raise_on_error)
+        calls.append(result)
+        if len(calls) == 1:
+            raise redis.ConnectionError("connection lost after the script ran")
+        return result
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", lose_first_answer)
+    admission = ledger.admit()
+    monkeypatch.undo()
+    assert len(calls) == 2 and calls[0][-2] == calls[1][-2]  # the stored answer, again
+    assert admission.status == "admitted"
+    assert ledger.counters()["admitted"] == 1
+
+
+def test_a_server_without_the_scripts_gets_them_again(primary: redis.Redis) -> None:
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(2))
+    primary.script_flush()  # as a promoted replica or a restarted server
+    assert ledger.admit().status == "admitted"
+
+
+def test_answers_that_change_nothing_leave_no_receipt_and_renewals_never_wait(
+        primary: redis.Redis, pair: Pair) -> None:
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(1))
+    admission = ledger.admit()
+    ledger.start(admission.attempt_ids[0], "w", "r", "b", 30)
+    primary.delete(*primary.scan_iter(match=Keys("d").receipt("*")))
+    assert ledger.admit().status == "empty" and ledger.pop_batch("t") is None
+    assert list(primary.scan_iter(match=Keys("d").receipt("*"))) == []
+    pair.replica.kill()  # a lease renewal goes through without any replica
+    assert ledger.progress(admission.attempt_ids[0], "w", 1, 30).status == "ok"
+
+
+def test_a_lost_answer_then_a_server_without_the_scripts_still_applies_once(
+        primary: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failover can do both: the answer is lost, and the promoted server has no
+    scripts. The resend after loading them must still look for the receipt."""
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(2))
+    assert ledger.durable is not None
+    ledger.durable.scripts.load("admit")
+    real = redis.client.Pipeline.execute
+    calls = []
+
+    def lose_answer_then_scripts(self: redis.client.Pipeline,
+                                 raise_on_error: bool = True) -> object:
+        result = real(self, raise_on_error=raise_on_error)
+        calls.append(result)
+        if len(calls) == 1:
+            primary.script_flush()
+            raise redis.ConnectionError("connection lost after the script ran")
+        return result
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", lose_answer_then_scripts)
+    admission = ledger.admit()
+    monkeypatch.undo()
+    assert calls[0][-2][0] == b"admitted"
+    assert isinstance(calls[1][-2], redis.exceptions.NoScriptError)
+    assert admission.status == "admitted"
+    counters = ledger.counters()
+    assert counters["admitted"] == 1 and counters["reserved"] == 2

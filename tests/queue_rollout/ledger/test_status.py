@@ -1,0 +1,37 @@
+"""farm_status and its text: the Redis lines, for users that may and may not run INFO."""
+
+from __future__ import annotations
+
+import redis
+
+from queue_rollout.config import Config, FarmConfig
+from queue_rollout.ledger.status import farm_status, format_status
+
+
+def test_status_names_the_primary_and_holds_when_replicas_are_short(r: redis.Redis) -> None:
+    config = Config(farm=FarmConfig(name="t", redis_wait_replicas=1))
+    s = farm_status(r, config, redis_url="x")
+    port = r.connection_pool.connection_kwargs["port"]
+    assert s["redis_primary"] == f"127.0.0.1:{port}"
+    assert (s["redis_replicas"], s["redis_wait_replicas"]) == (0, 1)
+    text = format_status(s)
+    assert "0 replica(s) online, changes wait for 1" in text
+    assert "HOLDING   0 of farm.redis_wait_replicas = 1" in text
+
+
+def test_a_user_that_may_not_run_info_sees_replicas_unknown_and_no_hold(
+        r: redis.Redis, redis_url: str) -> None:
+    r.acl_setuser("noinfo", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                  commands=["+@all", "-info"])
+    try:
+        kw = r.connection_pool.connection_kwargs
+        with redis.Redis(host=kw["host"], port=kw["port"], username="noinfo",
+                         password="pw") as limited:
+            config = Config(farm=FarmConfig(name="t", redis_wait_replicas=1))
+            s = farm_status(limited, config, redis_url="x")
+        assert s["redis_replicas"] is None
+        text = format_status(s)
+        assert "replicas unknown (this Redis user may not run INFO)" in text
+        assert "HOLDING" not in text
+    finally:
+        r.acl_deluser("noinfo")

@@ -1,0 +1,140 @@
+"""A Redis failover under a running farm: a primary, one replica and three Sentinels on
+loopback; `queue-rollout node` (2 simulated replicas), a collector and a trainer, all
+given the farm's ``redis+sentinel://`` URL. Mid-run the primary is killed with SIGKILL;
+the Sentinels promote the replica; the old primary is started again and the Sentinels
+make it a replica of the new one; the farm carries on without a restart.
+
+With ``farm.redis_wait_replicas = 1`` nothing the farm acted on can be lost: every
+group reaches the trainer exactly once, no slot is left reserved, and `doctor` is
+clean. The farm holds still from the kill until the old primary is back as a replica
+(it is the only one left to acknowledge). With 0 the farm does not wait: a failover
+can lose the last changes; the trainer still gets each group once (the client drops
+groups it trained on), and `doctor` must be clean once the farm has settled.
+
+`pytest -m failover -s` prints the measured times (docs/en/reliability.md).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from queue_rollout import RolloutClient
+from queue_rollout.errors import BarrierTimeout, QueueRolloutError
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.embedded import free_port
+from queue_rollout.procs import Supervised, cli_exe, stop_all
+from testkit import SentinelSet, free_ports, wait_for
+
+G, B, GROUPS = 4, 4, 64
+
+
+def run_failover(tmp_path: Path, wait_replicas: int, seed: int = 7) -> dict[str, object]:
+    rng = random.Random(seed)
+    redis_set = SentinelSet(tmp_path / "redis")
+    toml = tmp_path / "farm.toml"
+    toml.write_text(
+        f'[farm]\nname = "fo"\nredis_url = "{redis_set.url}"\nstate_dir = "{tmp_path}"\n'
+        f"redis_wait_replicas = {wait_replicas}\n"
+        f"[rollout]\ngroup_size = {G}\nbatch_size = {B}\nmax_concurrent_samples = 8\n"
+        "max_staleness = 100000\nmax_attempts = 5\n"
+        f"[engine]\nkind = \"sim\"\nslots_per_replica = 4\nstep_ms = 0.5\n"
+        f"step_ms_per_request = 0\nbase_port = {free_ports(2)}\n"
+        "[timeouts]\nlease = 2\ndoubt = 60\nshutdown_grace = 2\nleader_lease = 2\n"
+        "redis_wait = 0.5\n"
+        f"[metrics]\nport = {free_port()}\n")
+    lengths = {f"f{i:03d}": [rng.randint(200, 800) for _ in range(G)] for i in range(GROUPS)}
+    with open(tmp_path / "node.log", "wb") as node_log:
+        node = subprocess.Popen([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],
+                                stdout=subprocess.DEVNULL, stderr=node_log, cwd=tmp_path)
+    collector = Supervised("collector", [cli_exe(), "collector", "-c", str(toml)],
+                           log_path=tmp_path / "collector.log")
+    delivered: dict[str, list[int]] = {}
+    batch_times: list[float] = []
+    twice: list[str] = []
+    failure: list[BaseException] = []
+    try:
+        collector.keep()
+        client = RolloutClient.from_config(toml)
+        ledger = client.ledger
+        wait_for(lambda: client.status()["workers"]["alive"] == 2, 90, "two workers")
+        client.submit({"id": gid, "prompt": "x", "member_lengths": m}
+                      for gid, m in lengths.items())
+
+        def trainer() -> None:
+            try:
+                while len(delivered) < GROUPS:
+                    try:
+                        batch = client.get_batch(timeout=2)
+                    except (BarrierTimeout, QueueRolloutError):
+                        continue
+                    batch_times.append(time.monotonic())
+                    for g in batch.groups:
+                        if g.id in delivered:
+                            twice.append(g.id)
+                        delivered[g.id] = [len(m.output_ids) for m in g.members]
+                    client.ack(batch)
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=trainer, daemon=True)
+        thread.start()
+        wait_for(lambda: len(delivered) >= GROUPS // 4, 120, "a quarter of the groups",
+                 tick=collector.keep)
+        old = redis_set.primary()
+        old_port = old.port
+        killed_at = time.monotonic()
+        old.kill()
+        new_port = wait_for(lambda: (p := redis_set.primary_port()) not in (None, old_port)
+                            and p, 60, "the Sentinels to promote the replica")
+        promoted_at = time.monotonic()
+        old.restart()
+        wait_for(lambda: redis_set.settled(new_port), 90, "the old primary to follow",
+                 tick=collector.keep)
+        rejoined_at = time.monotonic()
+        wait_for(lambda: not thread.is_alive(), 240, "every group delivered",
+                 tick=collector.keep)
+        assert not failure, repr(failure[0])
+        counters = ledger.counters()
+        report = examine(ledger.client, ledger.keys, B)
+        roles = {n.port: n.client().info("replication")["role"] for n in redis_set.nodes}
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(90)
+        except subprocess.TimeoutExpired:
+            node.kill()
+        stop_all([collector.proc] if collector.proc else [], 30)
+        redis_set.stop()
+    after = [t for t in batch_times if t > killed_at]
+    assert twice == []
+    assert sorted(delivered) == sorted(lengths)
+    assert all(delivered[gid] == lengths[gid] for gid in delivered)
+    assert counters.get("reserved", 0) == 0 and counters.get("running", 0) == 0
+    assert report.ok, report.problems
+    assert roles == {new_port: "master", old_port: "slave"}
+    return {
+        "wait_replicas": wait_replicas, "episodes": GROUPS * G,
+        "promoted_after_s": round(promoted_at - killed_at, 2),
+        "old_primary_replica_after_s": round(rejoined_at - killed_at, 2),
+        "next_batch_after_s": round(after[0] - killed_at, 2) if after else None,
+        "retries": {k: v for k, v in counters.items() if k.startswith("retries:")},
+        "ignored_notifications": counters.get("ignored", 0),
+    }
+
+
+@pytest.mark.failover
+@pytest.mark.parametrize("wait_replicas", [1, 0])
+def test_a_failover_loses_nothing_the_farm_acted_on(tmp_path: Path, wait_replicas: int) -> None:
+    figures = run_failover(tmp_path, wait_replicas)
+    print("\nfailover:", json.dumps(figures))
+    if wait_replicas:  # held until a replica was back, then on
+        assert figures["next_batch_after_s"] is not None
+        assert figures["next_batch_after_s"] >= figures["promoted_after_s"]
