@@ -7,11 +7,12 @@ make it a replica of the new one; the farm carries on without a restart.
 
 With ``farm.redis_wait_replicas = 1`` nothing the farm acted on can be lost: every
 group reaches the trainer exactly once, no episode runs again, no slot is left
-reserved, and `doctor` is clean. The farm holds still from the kill until the old primary is back as a replica
-(it is the only one left to acknowledge). With 0 the farm does not wait: the failover
-loses that second's changes (finished episodes, admissions, deliveries, acknowledgements:
-measured from the counters); the lost episodes run again, the trainer still gets each group once (the client drops
-groups it trained on), and `doctor` must be clean once the farm has settled.
+reserved, and `doctor` is clean. The farm holds still from the kill until the old
+primary is back as a replica (it is the only one left to acknowledge). With 0 the farm
+does not wait: the failover loses that second's changes (finished episodes,
+admissions, deliveries, acknowledgements: measured from the counters); the lost
+episodes run again, the trainer still gets each group once (the client drops groups it
+trained on), and `doctor` must be clean once the farm has settled.
 
 `pytest -m failover -s` prints the measured times (docs/en/reliability.md).
 """
