@@ -148,7 +148,10 @@ class EngineConfig(_Section):
     threads_per_process: PosInt = 1  # a worker's episode slots per process (threads)
     step_ms: PosFloat = 4.5
     step_ms_per_request: NonNegFloat = 0.2
-    pause_mode: Literal["in_place", "abort"] = "in_place"
+    prefill_tokens_per_s: PosFloat = 20_000.0
+    chunked_prefill_size: PosInt = 8192
+    max_total_tokens: PosInt = 220_000
+    pause_mode: Literal["in_place", "abort", "retract"] = "in_place"
     model_path: str = ""
     base_port: Port = 30000
     deterministic: bool = True
@@ -226,6 +229,13 @@ def _check(config: Config, source: str) -> Config:
             load_reference(config.acceptance.plugin, "acceptance.plugin")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    e = config.engine
+    if e.max_total_tokens < e.chunked_prefill_size:
+        raise ConfigError(
+            f"{source}: engine.max_total_tokens: a pool of {e.max_total_tokens} tokens is "
+            f"smaller than one prefill chunk (engine.chunked_prefill_size = "
+            f"{e.chunked_prefill_size})"
+        )
     r = config.rollout
     if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:
         raise ConfigError(

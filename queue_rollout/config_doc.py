@@ -118,9 +118,22 @@ MEANINGS: dict[str, tuple[str, str]] = {
                        "sim：单个运行请求时的解码步时长（毫秒）。"),
     "engine.step_ms_per_request": ("sim: added to the step per running request (ms).",
                                    "sim：每多一个运行请求，步时长增加的毫秒数。"),
-    "engine.pause_mode": ("How a pause stops generation: `in_place`, or `abort` (partial "
-                          "rollout resumed under the new weights).",
-                          "暂停的方式：`in_place`，或 `abort`（部分 rollout 在新权重下续跑）。"),
+    "engine.prefill_tokens_per_s": (
+        "sim: uncached context tokens computed per second; prefill stalls decode.",
+        "sim：每秒计算的未缓存上下文 token 数；prefill 期间解码暂停。"),
+    "engine.chunked_prefill_size": (
+        "sim: most tokens in one prefill round (SGLang's `--chunked-prefill-size`).",
+        "sim：一轮 prefill 最多的 token 数（SGLang 的 `--chunked-prefill-size`）。"),
+    "engine.max_total_tokens": (
+        "sim: KV pool in tokens, shared by running requests and the prefix cache "
+        "(SGLang's `--max-total-tokens`); at least one chunk.",
+        "sim：KV 池的 token 数，由运行中的请求与前缀缓存共用（SGLang 的 "
+        "`--max-total-tokens`）；至少一个 chunk。"),
+    "engine.pause_mode": ("How a pause stops generation: `in_place` (KV kept), `abort` "
+                          "(partial rollout resumed under the new weights; its context "
+                          "cached) or `retract` (KV freed, recomputed on resume).",
+                          "暂停的方式：`in_place`（保留 KV）、`abort`（部分 rollout 在新权重下"
+                          "续跑；其上下文进入缓存）或 `retract`（释放 KV，恢复时重算）。"),
     "engine.model_path": ("`node` with sglang: the model to serve.",
                           "`node` 使用 sglang 时：要服务的模型。"),
     "engine.base_port": ("`node`: replica i listens on base_port + i.",

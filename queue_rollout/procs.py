@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from queue_rollout.config import EngineConfig
+
 log = logging.getLogger(__name__)
 HEALTHY_S = 10.0  # a child that ran this long before it died restarts without backoff
 
@@ -20,6 +22,15 @@ HEALTHY_S = 10.0  # a child that ran this long before it died restarts without b
 def cli_exe() -> str:
     """The ``queue-rollout`` command of this installation (beside this Python)."""
     return shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
+
+
+def sim_engine_argv(e: EngineConfig, port: int) -> list[str]:
+    """The command line of a simulated replica with *e*'s model settings."""
+    return [cli_exe(), "sim-engine", "--port", str(port), "--slots", str(e.slots_per_replica),
+            "--step-ms", str(e.step_ms), "--step-ms-per-request", str(e.step_ms_per_request),
+            "--prefill-tokens-per-s", str(e.prefill_tokens_per_s),
+            "--chunked-prefill-size", str(e.chunked_prefill_size),
+            "--max-total-tokens", str(e.max_total_tokens)]
 
 
 def stop_all(procs: Iterable[subprocess.Popen[Any]], timeout: float) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from queue_rollout import __version__
 from queue_rollout.config import Config, load_config
-from queue_rollout.errors import QueueRolloutError
+from queue_rollout.errors import ConfigError, QueueRolloutError
 
 log = logging.getLogger("queue_rollout")
 
@@ -63,6 +63,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -81,10 +88,13 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
     if args.profile == "sim-replica":
         from queue_rollout.bench.sim_replica import run_sim_replica_bench
 
-        sim = run_sim_replica_bench(requests=args.requests, seconds=args.seconds)
+        sim = run_sim_replica_bench(requests=args.requests,
+                                    seconds=60.0 if args.seconds is None else args.seconds)
         print(json.dumps(sim.as_json()) if args.json else
-              f"sim replica: {sim.concurrent_requests} running requests, "
-              f"{sim.cpu_fraction:.1%} of one core over {sim.seconds:g} s")
+              f"sim replica: {sim.concurrent_requests} requests in a closed loop, "
+              f"{sim.completed} completed, {sim.cached_fraction:.0%} of prompt tokens "
+              f"cached, {sim.retracted} retracted: {sim.cpu_fraction:.2%} of one core "
+              f"over {sim.seconds:g} s")
         return 0
     import shlex
     from pathlib import Path
@@ -117,7 +127,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         profile=args.profile, json=args.json, out=Path(args.out) if args.out else None,
         max_staleness=args.max_staleness, time_scale=args.time_scale,
         token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
-        ledger_clients=args.clients, ledger_seconds=args.seconds, ledger_rounds=args.rounds,
+        ledger_clients=args.clients, ledger_seconds=6.0 if args.seconds is None else args.seconds,
+        ledger_rounds=args.rounds,
         wait_replicas=args.wait_replicas,
         command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
@@ -233,6 +244,11 @@ def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.engines.sim_server import run_sim_engine
 
     e = config.engine
+    pool = args.max_total_tokens or e.max_total_tokens
+    chunk = args.chunked_prefill_size or e.chunked_prefill_size
+    if pool < chunk:
+        raise ConfigError(f"--max-total-tokens: a pool of {pool} tokens is smaller than one "
+                          f"prefill chunk ({chunk} tokens)")
     run_sim_engine(
         host=args.host, port=args.port, slots=args.slots or e.slots_per_replica,
         step_ms=e.step_ms if args.step_ms is None else args.step_ms,
@@ -240,6 +256,8 @@ def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
                              else args.step_ms_per_request),
         request_log=Path(args.request_log) if args.request_log else None,
         boot_id=args.boot_id,
+        prefill_tokens_per_s=args.prefill_tokens_per_s or e.prefill_tokens_per_s,
+        chunked_prefill_size=chunk, max_total_tokens=pool,
     )
     return 0
 
@@ -330,6 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=float, help="decode step with one request (engine.step_ms)")
     p.add_argument("--step-ms-per-request", type=float,
                    help="added per running request (engine.step_ms_per_request)")
+    p.add_argument("--prefill-tokens-per-s", type=_positive_float,
+                   help="uncached context computed per second (engine.prefill_tokens_per_s)")
+    p.add_argument("--chunked-prefill-size", type=_positive,
+                   help="most tokens in one prefill round (engine.chunked_prefill_size)")
+    p.add_argument("--max-total-tokens", type=_positive,
+                   help="KV pool of running requests and the prefix cache "
+                        "(engine.max_total_tokens)")
     p.add_argument("--request-log", metavar="FILE", help="append one JSON line per request")
     p.add_argument("--boot-id", help="the boot id to report (default: a new one)")
 
@@ -337,13 +362,17 @@ def build_parser() -> argparse.ArgumentParser:
             "benchmarks: the pilots through the real stack, the control plane, the ledger")
     p.add_argument("--profile", default="all",
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
-                            "control-plane", "ledger", "all", "sim-replica", "redis-load"],
+                            "control-plane", "ledger", "calibration", "all", "sim-replica",
+                            "redis-load"],
                    help="pilots (long-tail, equal, group-between, mixed-tail): both "
                         "admission modes through the real stack; control-plane: no-op "
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
-                        "floor; all: every one of these (default); sim-replica: CPU of "
-                        "one simulated replica holding --requests; redis-load: what a farm "
-                        "of --gpus costs Redis, idle, per episode and per running episode")
+                        "floor; calibration: the engine model's ideal schedules of "
+                        "long-tail and equal under each pause mode beside the reference's "
+                        "figures; all: every one of these (default); sim-replica: CPU of "
+                        "one simulated replica serving --requests in a closed loop; "
+                        "redis-load: what a farm of --gpus costs Redis, idle, per episode "
+                        "and per running episode")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
                    "(needs matplotlib: queue-rollout[bench])")
@@ -359,9 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="control-plane: episodes per side, over 2 rounds (default 8000)")
     p.add_argument("--clients", type=_positive, default=8,
                    help="ledger: concurrent clients (default 8)")
-    p.add_argument("--seconds", type=float, default=6.0,
+    p.add_argument("--seconds", type=float,
                    help="ledger: seconds per kind, summed over rounds (default 6); "
-                        "sim-replica: seconds measured")
+                        "sim-replica: seconds measured (default 60)")
     p.add_argument("--rounds", type=_positive, default=3,
                    help="ledger: alternating segments of each kind (default 3)")
     p.add_argument("--wait-replicas", type=_non_negative, default=0,

@@ -53,6 +53,7 @@ class Generation:
     prompt_tokens: int | None
     weight_version: str | None
     meta_info: dict[str, Any] = field(repr=False)
+    cached_tokens: int = 0  # of prompt_tokens, found in the replica's prefix cache
 
     @property
     def aborted(self) -> bool:
@@ -131,7 +132,7 @@ class SGLangClient:
             logprobs=logprobs, finish_reason=meta.get("finish_reason") or {},
             completion_tokens=int(meta.get("completion_tokens", 0)),
             prompt_tokens=meta.get("prompt_tokens"), weight_version=meta.get("weight_version"),
-            meta_info=meta,
+            meta_info=meta, cached_tokens=int(meta.get("cached_tokens") or 0),
         )
 
     def abort(self, rid: str) -> None:

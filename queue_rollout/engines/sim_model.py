@@ -1,14 +1,45 @@
-"""The simulated replica's engine: continuous batching, advanced analytically.
+"""The engine model: what an SGLang replica charges, advanced analytically.
 
-A decode step takes ``step_ms + step_ms_per_request * running`` milliseconds and gives
-one token to every running request. Between events (an arrival, a completion, an
-abort, a pause) the number of running requests is constant, so progress is computed
-in one step instead of per token: 128 simulated slots cost almost no CPU. At most
-``slots`` requests run (SGLang's ``--max-running-requests``); the rest wait in order.
+One model drives both the simulated replica (``queue-rollout sim-engine``, in real
+time, :mod:`queue_rollout.engines.sim_server`) and the virtual-time farm
+(:mod:`queue_rollout.virtual.farm`); everything here is synchronous and takes the time
+as an argument, so tests drive it with a hand-moved clock. Per replica it carries, as
+SGLang's scheduler does (read from SGLang 0.5.x's ``scheduler.py``,
+``schedule_policy.py``, ``schedule_batch.py`` and ``radix_cache.py``; see
+``SGLANG_API.md``):
 
-Everything here is synchronous and takes the time as an argument, so tests drive it
-with a hand-moved clock; :mod:`queue_rollout.engines.sim_server` puts it behind
-SGLang's HTTP API in real time.
+- **Decode.** A step takes ``step_ms + step_ms_per_request * running`` and gives every
+  running request one token. Between events the running set is constant, so progress
+  is computed in one step, never per token.
+- **Prefill.** A request's context tokens not in the prefix cache are computed at
+  ``prefill_tokens_per_s``, in rounds of at most ``chunked_prefill_size`` tokens; a
+  round stalls decode while it runs (SGLang runs a prefill batch instead of a decode
+  step whenever one can be formed). Simplification: the first output token is charged
+  to a decode step, not to the prefill pass (one step per request).
+- **Prefix cache.** A finished or aborted request's context (prompt + output) stays
+  cached (:class:`~.prefix_cache.PrefixCache`); a request reuses the longest cached
+  prefix of its context, at most its length minus one (SGLang computes at least one
+  token). After its prefill a request's context is in the cache, held until it ends.
+- **KV memory.** ``max_total_tokens`` holds the cache and the running requests'
+  tokens. A waiting request is admitted, in arrival order, only while
+  ``extend + min(max_new, clip)`` fits in free + evictable tokens less what running
+  requests may still need (``min(max_new - produced, clip) * new_token_ratio``); a
+  refusal blocks admission until a request ends (SGLang's ``batch_is_full``).
+  ``new_token_ratio`` starts at 0.7, decays per decode step to 0.098 over 600 steps,
+  is re-estimated after a retraction and reset when the replica is idle.
+- **Retraction.** When the next decode step does not fit even after evicting the
+  cache, running requests are retracted, fewest output tokens first (ties: longest
+  prompt first), until it fits; at least one, never the last. A retracted request
+  frees its KV, keeps its output and waits at the end of the queue; when admitted
+  again it recomputes its context (prompt + output) less what is still cached.
+- **One request larger than the pool.** SGLang clamps each request's
+  ``max_new_tokens`` so that prompt + output fits an empty pool; so does the model, and
+  such a request ends with ``length`` at the clamped length. A prompt that alone does
+  not fit is refused.
+- **Pause modes.** ``in_place`` freezes everything (KV kept); ``abort`` ends every
+  request (running contexts go to the cache); ``retract`` frees every running
+  request's KV and puts it back in the queue (its prompt stays cached, its output is
+  recomputed on resume).
 """
 
 from __future__ import annotations
@@ -16,12 +47,26 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from queue_rollout.engines.prefix_cache import PAGE, Node, PrefixCache
+
 PauseMode = Literal["abort", "in_place", "retract"]
 VOCAB = 32_000
+
+#: SGLang's defaults (environ.py): SGLANG_INIT_NEW_TOKEN_RATIO,
+#: SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS,
+#: SGLANG_RETRACT_DECODE_STEPS, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
+OOM_MESSAGE = ("Out of memory even after retracting all other requests in the decode "
+               "batch. Aborting the last request.")
+_EPS = 1e-6
 
 
 def _h(*parts: object) -> int:
@@ -30,132 +75,404 @@ def _h(*parts: object) -> int:
     return int.from_bytes(digest, "big")
 
 
+def _stride(kind: str, seed: int) -> tuple[int, int]:
+    """A seed's own arithmetic sequence (step, start): cheap per token, which matters
+    when a replica answers thousands of tokens a second."""
+    h = _h(kind, seed)
+    return (h >> 32) | 1, h & 0xFFFFFFFF
+
+
+def token_ids(seed: int, start: int, n: int) -> list[int]:
+    """Output tokens *start* .. *start* + *n* of a request with *seed*."""
+    step, first = _stride("tok", seed)
+    return [100 + (first + step * i) % VOCAB for i in range(start, start + n)]
+
+
+def token_logprobs(seed: int, n: int) -> list[float]:
+    step, first = _stride("lp", seed)
+    return [-((first + step * i) % 5000) / 1000.0 for i in range(n)]
+
+
 def token_id(seed: int, index: int) -> int:
-    return 100 + _h("tok", seed, index) % VOCAB
-
-
-def token_logprob(seed: int, index: int) -> float:
-    return -((_h("lp", seed, index) % 5000) / 1000.0)
+    return token_ids(seed, index, 1)[0]
 
 
 class DuplicateRid(Exception):
     """An rid that is still waiting or running was sent again (SGLang >= 0.5.10)."""
 
 
-@dataclass
+class PromptTooLong(Exception):
+    """A prompt that alone does not fit the replica's KV pool."""
+
+
+@dataclass(eq=False)
 class SimRequest:
     rid: str
     seed: int
     target: int  # tokens this request will produce if nothing stops it
     weight_version: str
-    start_index: int = 0  # tokens already produced by earlier requests (resume)
+    prompt: Sequence[int] = ()
+    max_new: int = -1  # the request's max_new_tokens (-1: its target)
+    #: the i-th output token (default: the seeded token ids the server returns)
+    token: Callable[[int], int] | None = field(default=None, repr=False)
     produced: float = 0.0
-    first_version: str = ""
     arrived: float = 0.0
     started: float | None = None
+    cached_tokens: int = 0  # prompt tokens found in the cache at the first admission
+    retractions: int = 0
     on_done: Callable[[SimRequest, dict[str, Any]], None] | None = field(default=None, repr=False)
+    # engine state
+    _extend_left: int = 0  # context tokens still to prefill
+    _kv: int = 0  # tokens this request holds outside the cache
+    _mark: float = 0.0  # produced when it (re)joined the running set
+    _held: Node | None = None  # the cache path it holds
+    _admitted: bool = False  # admitted before (a re-admission's cache hit is not counted)
+    _outputs: list[int] = field(default_factory=list, repr=False)
 
     @property
     def tokens(self) -> int:
-        return min(self.target, int(self.produced + 1e-6))
+        return min(self.target, int(self.produced + _EPS))
+
+    def output(self, n: int) -> list[int]:
+        """Its first *n* output token ids."""
+        have = len(self._outputs)
+        if have < n:
+            self._outputs += ([self.token(i) for i in range(have, n)] if self.token
+                              else token_ids(self.seed, have, n - have))
+        return self._outputs[:n]
+
+    def context(self) -> list[int]:
+        return [*self.prompt, *self.output(self.tokens)]
+
+
+@dataclass
+class EngineCounters:
+    """SGLang's counters (``/metrics``)."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # context tokens computed, in every prefill round
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    aborted_requests: int = 0
+    retracted_requests: int = 0
+    retracted_input_tokens: int = 0
+    retracted_output_tokens: int = 0
 
 
 class SimModel:
     def __init__(self, *, slots: int, step_ms: float, step_ms_per_request: float,
-                 now: float = 0.0, weight_version: str = "default") -> None:
+                 now: float = 0.0, weight_version: str = "default",
+                 prefill_tokens_per_s: float = 20_000.0, chunked_prefill_size: int = 8192,
+                 max_total_tokens: int = 220_000,
+                 clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS) -> None:
+        if min(prefill_tokens_per_s, chunked_prefill_size, max_total_tokens) <= 0:
+            raise ValueError("prefill rate, chunk and pool sizes must be positive")
         self.slots = slots
         self.step_ms = step_ms
         self.step_ms_per_request = step_ms_per_request
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.chunked_prefill_size = chunked_prefill_size
+        self.max_total_tokens = max_total_tokens
+        self.clip = clip_max_new_tokens
         self.now = now
         self.weight_version = weight_version
         self.running: dict[str, SimRequest] = {}
         self.waiting: deque[SimRequest] = deque()
+        self.cache = PrefixCache()
+        self.counters = EngineCounters()
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.paused: PauseMode | None = None
         self.log: list[dict[str, Any]] = []  # one entry per request that ended
+        self._prefill: list[SimRequest] = []  # the prefill round in progress
+        self._prefill_left = 0.0  # its seconds still to run
+        self._chunked: SimRequest | None = None  # partly prefilled, continues first
+        self._batch_full = False  # admission refused until a request ends
 
-    # -- time -----------------------------------------------------------------------------
+    # -- sizes ----------------------------------------------------------------------------
+
+    def used_tokens(self) -> float:
+        """Tokens held: the cache and the requests' own."""
+        own = sum(r._kv + r.produced - r._mark for r in self.running.values())
+        own += sum(r._kv for r in self._prefill)
+        if self._chunked is not None and self._chunked not in self._prefill:
+            own += self._chunked._kv
+        return self.cache.tokens + own
+
+    def token_usage(self) -> float:
+        """SGLang's ``token_usage``: tokens held less the evictable cache, of the pool."""
+        return (self.used_tokens() - self.cache.evictable) / self.max_total_tokens
 
     def step_s(self) -> float:
         return (self.step_ms + self.step_ms_per_request * len(self.running)) / 1000.0
 
+    # -- time -----------------------------------------------------------------------------
+
     def next_event(self) -> float:
-        """When the next request completes (inf when nothing runs or paused)."""
-        if self.paused or not self.running:
+        """When the next prefill round ends, request completes or decode runs out of
+        memory (inf when nothing runs or paused)."""
+        if self.paused:
+            return math.inf
+        if self._prefill:
+            return self.now + self._prefill_left
+        if not self.running:
             return math.inf
         left = min(r.target - r.produced for r in self.running.values())
-        return self.now + max(0.0, left) * self.step_s()
+        room = self.max_total_tokens - self.used_tokens() + self.cache.evictable
+        steps = min(max(0.0, left), max(0.0, math.floor(room / len(self.running) + _EPS)))
+        return self.now + steps * self.step_s()
 
     def advance(self, now: float) -> None:
-        """Generate up to *now*, completing requests at their exact times."""
+        """Run up to *now*, handling every event at its exact time."""
         while True:
             t = self.next_event()
             if t > now:
                 break
             self._progress(t)
-            for r in [r for r in self.running.values() if r.target - r.produced <= 1e-6]:
-                self._end(r, {"type": "length", "length": r.target})
-            self._fill()
+            if self._prefill:
+                self._end_prefill()
+            else:
+                done = [r for r in self.running.values() if r.target - r.produced <= _EPS]
+                for r in done:
+                    self._end(r, {"type": "length", "length": r.target})
+                if not done:
+                    self._retract_for_decode()
+            self._schedule()
         self._progress(now)
 
     def _progress(self, t: float) -> None:
         if t <= self.now:
             return
-        if not self.paused and self.running:
-            tokens = (t - self.now) / self.step_s()
+        dt, self.now = t - self.now, t
+        if self.paused:
+            return
+        if self._prefill:
+            self._prefill_left = max(0.0, self._prefill_left - dt)
+            return
+        if self.running:
+            tokens = dt / self.step_s()
             for r in self.running.values():
                 r.produced = min(float(r.target), r.produced + tokens)
-        self.now = t
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO,
+                                       self.new_token_ratio - NEW_TOKEN_RATIO_DECAY * tokens)
+            over = self.used_tokens() - self.max_total_tokens
+            if over > 0:
+                self.cache.evict(math.ceil(over))
 
-    def _fill(self) -> None:
-        while self.waiting and len(self.running) < self.slots and not self.paused:
-            r = self.waiting.popleft()
-            r.started = self.now
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        """Start a prefill round if one can be formed (prefill first)."""
+        if self.paused or self._prefill:
+            return
+        if not self.running and not self.waiting and self._chunked is None:
+            self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # idle: SGLang's reset
+            return
+        if (self._batch_full or not self.waiting) and self._chunked is None:
+            return
+        chunk_left = self.chunked_prefill_size
+        budget = (self.max_total_tokens - self.used_tokens() + self.cache.evictable
+                  - sum(min(r.max_new - r.produced, self.clip) * self.new_token_ratio
+                        for r in self.running.values()))
+        round_: list[tuple[SimRequest, int]] = []
+        if self._chunked is not None:
+            r = self._chunked
+            take = min(r._extend_left, chunk_left)
+            round_.append((r, take))
+            chunk_left -= take
+            budget -= take
+        while self.waiting and chunk_left > 0 and not self._batch_full \
+                and len(self.running) + len(round_) < self.slots:
+            r = self.waiting[0]
+            context = r.context()
+            match = self.cache.match(context, limit=len(context) - 1)
+            extend = len(context) - match.tokens
+            need = extend + min(max(r.max_new - r.tokens, 0), self.clip)
+            if need >= budget:
+                self._batch_full = True
+                break
+            take = min(extend, chunk_left)
+            if take < extend and any(x is self._chunked for x, _ in round_):
+                break  # one chunked request at a time
+            self.waiting.popleft()
+            self.cache.lock(match.node)
+            r._held = match.node
+            if not r._admitted:
+                r._admitted = True
+                r.cached_tokens = match.tokens
+                self.counters.cached_tokens += match.tokens
+            r._extend_left = extend
+            round_.append((r, take))
+            chunk_left -= take
+            budget -= need
+        if not round_:
+            return
+        tokens = 0
+        for r, take in round_:
+            r._kv += take
+            r._extend_left -= take
+            tokens += take
+        self.counters.prefill_tokens += tokens
+        over = self.used_tokens() - self.max_total_tokens
+        if over > 0:
+            self.cache.evict(math.ceil(over))
+        self._prefill = [r for r, _ in round_]
+        self._prefill_left = tokens / self.prefill_tokens_per_s
+
+    def _end_prefill(self) -> None:
+        done, self._prefill = self._prefill, []
+        self._chunked = None
+        for r in done:
+            if r._extend_left > 0:
+                self._chunked = r
+                continue
+            node = self.cache.insert(r.context())  # its context is cached, and held
+            self.cache.lock(node)
+            self._release(r)
+            r._held = node
+            r._mark = r.produced
+            if r.started is None:
+                r.started = self.now
             self.running[r.rid] = r
+
+    def _retract_for_decode(self) -> None:
+        """The next decode step does not fit: retract (SGLang's ``retract_decode``)."""
+        order = sorted(self.running.values(),
+                       key=lambda r: (r.tokens, -len(r.prompt)), reverse=True)
+        first = True
+        while first or self._room() < len(order):
+            first = False
+            if len(order) == 1:
+                if self._room() < 1:  # SGLang aborts the last request
+                    self._end(order[0], {"type": "abort", "message": OOM_MESSAGE,
+                                         "status_code": 500, "err_type": None})
+                break
+            r = order.pop()
+            del self.running[r.rid]
+            self._release(r)
+            r.retractions += 1
+            c = self.counters
+            c.retracted_requests += 1
+            c.retracted_input_tokens += len(r.prompt)
+            c.retracted_output_tokens += r.tokens
+            r.produced = float(r.tokens)
+            self.waiting.append(r)
+        shortfall = len(order) * RETRACT_DECODE_STEPS - (
+            self.max_total_tokens - self.used_tokens())
+        if shortfall > 0:
+            self.cache.evict(math.ceil(shortfall))
+        if order:
+            decoded = sum(r.tokens for r in order)
+            max_new = sum(r.max_new for r in order)
+            self.new_token_ratio = min(
+                1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / (max_new + 1))
+        self._batch_full = False
+
+    def _room(self) -> float:
+        return self.max_total_tokens - self.used_tokens() + self.cache.evictable
+
+    def _release(self, r: SimRequest) -> None:
+        """Free what *r* holds outside the cache and its hold on the cache."""
+        if r._held is not None:
+            self.cache.unlock(r._held)
+            r._held = None
+        r._kv = 0
+        r._mark = r.produced
 
     # -- requests -------------------------------------------------------------------------
 
+    @property
+    def in_flight(self) -> int:
+        """Requests it holds: running, in prefill or waiting."""
+        return len(self._requests())
+
     def active(self, rid: str) -> bool:
-        return rid in self.running or any(r.rid == rid for r in self.waiting)
+        return any(r.rid == rid for r in self._requests())
+
+    def _requests(self) -> list[SimRequest]:
+        pending = [*self._prefill, *([self._chunked] if self._chunked else [])]
+        unique = list(dict.fromkeys(pending))
+        return [*self.running.values(), *unique, *self.waiting]
 
     def submit(self, request: SimRequest) -> None:
         if self.active(request.rid):
             raise DuplicateRid(request.rid)
+        prompt = len(request.prompt)
+        room = self.max_total_tokens - prompt - PAGE - 1
+        if room < 0:
+            raise PromptTooLong(f"{prompt} prompt tokens do not fit a KV pool of "
+                                f"{self.max_total_tokens} tokens")
+        request.max_new = min(request.target if request.max_new < 0 else request.max_new, room)
+        request.target = min(request.target, request.max_new)
         request.arrived = self.now
-        request.first_version = self.weight_version
+        self.counters.requests += 1
+        self.counters.prompt_tokens += prompt
         if request.target <= 0:
             request.started = self.now
             self._end(request, {"type": "length", "length": 0})
             return
         self.waiting.append(request)
-        self._fill()
+        self._schedule()
 
     def abort(self, rid: str = "", abort_all: bool = False) -> int:
         """Abort by rid prefix (as SGLang's scheduler matches), or everything."""
-        hit = [r for r in [*self.running.values(), *self.waiting]
-               if abort_all or (rid and r.rid.startswith(rid))]
+        hit = [r for r in self._requests() if abort_all or (rid and r.rid.startswith(rid))]
         for r in hit:
             queued = r.rid not in self.running
             message = "Abort in waiting queue" if queued else "Aborted"
             self._end(r, {"type": "abort", "message": message, "status_code": None,
                           "err_type": None})
-        self._fill()
+        self._schedule()
         return len(hit)
 
     def pause(self, mode: PauseMode) -> None:
         if mode == "abort":
             self.abort(abort_all=True)
+        elif mode == "retract":
+            for r in self._requests():
+                if r in self.waiting:
+                    continue
+                self.running.pop(r.rid, None)
+                self._release(r)
+                r._extend_left = 0
+                r.produced = float(r.tokens)
+                self.waiting.append(r)
+            self._prefill, self._prefill_left, self._chunked = [], 0.0, None
+            self._batch_full = False
         self.paused = mode
 
     def resume(self) -> None:
         self.paused = None
-        self._fill()
+        self._schedule()
+
+    def update_weights(self, version: str) -> bool:
+        """A new policy version; the cache is flushed when nothing is in flight (as
+        SGLang's ``flush_cache`` after ``update_weights_from_disk``). Whether it was."""
+        self.weight_version = version
+        if self._requests():
+            return False
+        self.cache.flush()
+        return True
 
     def _end(self, r: SimRequest, finish_reason: dict[str, Any]) -> None:
+        ran = r.rid in self.running
         self.running.pop(r.rid, None)
         if r in self.waiting:
             self.waiting.remove(r)
+        if r in self._prefill:
+            self._prefill.remove(r)
+        if self._chunked is r:
+            self._chunked = None
+        if ran:  # its context stays cached (SGLang's cache_finished_req)
+            self.cache.insert(r.context())
+        self._release(r)
+        self._batch_full = False
+        self.counters.generation_tokens += r.tokens
+        if finish_reason["type"] == "abort":
+            self.counters.aborted_requests += 1
         self.log.append({"rid": r.rid, "seed": r.seed, "arrived": r.arrived,
                          "started": r.started, "ended": self.now, "tokens": r.tokens,
-                         "finish": finish_reason["type"]})
+                         "prompt_tokens": len(r.prompt), "cached_tokens": r.cached_tokens,
+                         "retractions": r.retractions, "finish": finish_reason["type"]})
         if r.on_done is not None:
             r.on_done(r, finish_reason)

@@ -4,7 +4,7 @@
 over the endpoints the worker uses, answering as SGLang >= 0.5.10 answers (see
 ``SGLANG_API.md``): ``/generate`` (``rid``, ``sampling_params`` with SGLang's keys only,
 ``return_logprob``), ``/abort_request`` (always 200), ``/pause_generation`` (``abort``,
-``in_place``, ``retract``, the last kept in place here), ``/continue_generation``,
+``in_place``, ``retract``), ``/continue_generation``,
 ``/health``, ``/get_server_info`` (with this process's ``boot_id``),
 ``/update_weights_from_disk``. An rid still in flight is refused with 400; a client
 that disconnects aborts its request, as SGLang does.
@@ -12,7 +12,9 @@ that disconnects aborts its request, as SGLang does.
 Tokens, logprobs and text are deterministic functions of ``sampling_seed``. For math
 prompts the worker passes ``custom_params = {"sim_answer": X, "sim_p_correct": p}``;
 the text then ends with ``\\boxed{X}`` with probability p (decided by the seed), else
-with a wrong number. It binds 127.0.0.1 unless told otherwise.
+with a wrong number. A ``text`` prompt counts one token per 4 UTF-8 bytes, rounded up
+(each token the value of its bytes), so equal text prefixes share cached tokens. It
+binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from queue_rollout.engines.sim_model import (
     DuplicateRid,
+    PromptTooLong,
     SimModel,
     SimRequest,
     _h,
-    token_id,
-    token_logprob,
+    token_ids,
+    token_logprobs,
 )
 
 log = logging.getLogger(__name__)
@@ -86,7 +91,7 @@ def prompt_params(prompt: dict[str, Any]) -> dict[str, Any]:
 
 def output_text(seed: int, n: int, params: dict[str, Any], *, complete: bool = True) -> str:
     """The text of *n* tokens; a complete math answer ends with ``\\boxed{...}``."""
-    words = " ".join(f"w{token_id(seed, i) % 997}" for i in range(min(n, 64)))
+    words = " ".join(f"w{t % 997}" for t in token_ids(seed, 0, min(n, 64)))
     custom = params.get("custom_params") or {}
     if complete and "sim_answer" in custom:
         p = float(custom.get("sim_p_correct", 0.5))
@@ -94,6 +99,12 @@ def output_text(seed: int, n: int, params: dict[str, Any], *, complete: bool = T
         answer = custom["sim_answer"] if correct else f"{_h('wrong', seed) % 1000}-wrong"
         return f"{words} The answer is \\boxed{{{answer}}}"
     return words
+
+
+def text_tokens(text: str) -> list[int]:
+    """The token ids of a ``text`` prompt: one per 4 UTF-8 bytes, rounded up."""
+    data = text.encode()
+    return [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data), 4)]
 
 
 class SimEngineServer:
@@ -209,7 +220,7 @@ class SimEngineServer:
         if isinstance(payload, _Text):
             data, kind = payload.encode(), "text/plain; version=0.0.4"
         else:
-            data = b"" if payload is None else json.dumps(payload).encode()
+            data = b"" if payload is None else msgspec.json.encode(payload)
             kind = "application/json"
         head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
                 f"Content-Type: {kind}\r\nContent-Length: {len(data)}\r\n\r\n")
@@ -245,29 +256,60 @@ class SimEngineServer:
     def _server_info(self) -> dict[str, Any]:
         m = self.model
         return {"boot_id": self.boot_id, "version": "sim", "max_running_requests": m.slots,
+                "max_total_num_tokens": m.max_total_tokens,
+                "chunked_prefill_size": m.chunked_prefill_size,
+                "prefill_tokens_per_s": m.prefill_tokens_per_s,
                 "weight_version": m.weight_version, "step_ms": m.step_ms,
                 "step_ms_per_request": m.step_ms_per_request,
                 "running": len(m.running), "waiting": len(m.waiting),
                 "paused": m.paused}
 
     def _metrics(self) -> _Text:
-        """Prometheus text with SGLang's gauge names (``--enable-metrics``)."""
+        """Prometheus text with SGLang's names and types (``--enable-metrics``)."""
         self._sync()
-        m = self.model
+        m, c = self.model, self.model.counters
         running = len(m.running)
         throughput = running / m.step_s() if running and not m.paused else 0.0
+        asked = c.prompt_tokens
         labels = '{model_name="sim"}'
-        lines = [
-            "# HELP sglang:num_running_reqs The number of running requests.",
-            "# TYPE sglang:num_running_reqs gauge",
-            f"sglang:num_running_reqs{labels} {running}",
-            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
-            "# TYPE sglang:num_queue_reqs gauge",
-            f"sglang:num_queue_reqs{labels} {len(m.waiting)}",
-            "# HELP sglang:gen_throughput The generation throughput (token/s).",
-            "# TYPE sglang:gen_throughput gauge",
-            f"sglang:gen_throughput{labels} {throughput:.3f}",
+        metrics: list[tuple[str, str, str, float, str]] = [
+            ("num_running_reqs", "gauge", "The number of running requests.", running, labels),
+            ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+             len(m.waiting), labels),
+            ("gen_throughput", "gauge", "The generation throughput (token/s).",
+             throughput, labels),
+            ("token_usage", "gauge", "The token usage.", m.token_usage(), labels),
+            ("num_used_tokens", "gauge", "The number of used tokens.",
+             m.used_tokens() - m.cache.evictable, labels),
+            ("max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV pool.",
+             m.max_total_tokens, labels),
+            ("cache_hit_rate", "gauge", "The prefix cache hit rate.",
+             c.cached_tokens / asked if asked else 0.0, labels),
+            ("new_token_ratio", "gauge", "The new token ratio.", m.new_token_ratio, labels),
+            ("num_retracted_reqs", "gauge", "The number of retracted requests.",
+             sum(1 for r in m.waiting if r.retractions), labels),
+            ("num_retracted_requests_total", "counter", "Total number of retracted requests.",
+             c.retracted_requests, labels),
+            ("num_retracted_input_tokens_total", "counter",
+             "Total number of retracted input tokens.", c.retracted_input_tokens, labels),
+            ("num_retracted_output_tokens_total", "counter",
+             "Total number of retracted output tokens.", c.retracted_output_tokens, labels),
+            ("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             c.prompt_tokens, labels),
+            ("generation_tokens_total", "counter", "Number of generation tokens processed.",
+             c.generation_tokens, labels),
+            ("cached_tokens_total", "counter",
+             "Number of cached prompt tokens by source (device/host/storage).",
+             c.cached_tokens, '{model_name="sim",cache_source="device"}'),
+            ("num_requests_total", "counter", "Number of requests processed.",
+             c.requests, labels),
+            ("num_aborted_requests_total", "counter", "Number of requests aborted.",
+             c.aborted_requests, labels),
         ]
+        lines = []
+        for name, kind, doc, value, label in metrics:
+            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} {kind}",
+                      f"sglang:{name}{label} {float(value)!r}"]
         return _Text("\n".join(lines) + "\n")
 
     def _weight_version(self) -> dict[str, Any]:
@@ -307,8 +349,11 @@ class SimEngineServer:
         version = body.get("weight_version")
         message = "Succeeded to update model weights."
         if version is not None:
-            self.model.weight_version = str(version)
             message += f" Weight version updated to {version}."
+        self._sync()
+        if not self.model.update_weights(self.model.weight_version if version is None
+                                         else str(version)):
+            log.info("Cache not flushed because there are pending requests")
         return {"success": True, "message": message, "num_paused_requests": 0}
 
     async def _generate(self, body: dict[str, Any], reader: asyncio.StreamReader) -> dict[str, Any]:
@@ -319,9 +364,11 @@ class SimEngineServer:
         if unknown:
             raise HTTPError(400, {"error": f"unknown field `{unknown[0]}` in sampling_params"})
         if "input_ids" in body:
-            prompt_tokens = len(body["input_ids"])
+            prompt = body["input_ids"]
+            if not isinstance(prompt, list):
+                raise _error(400, "input_ids must be a list of token ids")
         elif "text" in body:
-            prompt_tokens = max(1, len(str(body["text"]).split()))
+            prompt = text_tokens(str(body["text"]))
         else:
             raise _error(400, "Either text or input_ids should be provided.")
         if params.get("max_new_tokens", 128) < 0:
@@ -341,12 +388,15 @@ class SimEngineServer:
                 done.set_result((request, reason))
 
         request = SimRequest(rid, seed, output_length(seed, params), self.model.weight_version,
+                             prompt=prompt, max_new=int(params.get("max_new_tokens", 128)),
                              on_done=on_done)
         self._sync()
         try:
             self.model.submit(request)
         except DuplicateRid:
             raise _error(400, f"Duplicate request IDs detected: [{rid!r}]") from None
+        except PromptTooLong as exc:
+            raise _error(400, str(exc)) from None
         self._sync()
         self._wake.set()
         # Watch the connection while the request runs: a client that goes away has its
@@ -363,21 +413,22 @@ class SimEngineServer:
         with contextlib.suppress(asyncio.CancelledError):
             await eof
         request, reason = done.result()
-        return self._response(body, params, request, reason, prompt_tokens, loop.time())
+        return self._response(body, params, request, reason, loop.time())
 
     def _response(self, body: dict[str, Any], params: dict[str, Any], r: SimRequest,
-                  reason: dict[str, Any], prompt_tokens: int, now: float) -> dict[str, Any]:
+                  reason: dict[str, Any], now: float) -> dict[str, Any]:
         n = r.tokens
-        ids = [token_id(r.seed, i) for i in range(n)]
+        ids = r.output(n)
         meta: dict[str, Any] = {
-            "id": r.rid, "finish_reason": reason, "prompt_tokens": prompt_tokens,
-            "completion_tokens": n, "cached_tokens": 0,
+            "id": r.rid, "finish_reason": reason, "prompt_tokens": len(r.prompt),
+            "completion_tokens": n, "cached_tokens": r.cached_tokens,
+            "num_retractions": r.retractions,
             "weight_version": self.model.weight_version,
             "e2e_latency": now - r.arrived,
         }
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[token_logprob(r.seed, i), t, None]
-                                             for i, t in enumerate(ids)]
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(token_logprobs(r.seed, n), ids, strict=True)]
         text = output_text(r.seed, n, params, complete=reason["type"] != "abort")
         return {"text": text, "output_ids": ids, "meta_info": meta}
 
@@ -394,8 +445,8 @@ def _json(body: bytes) -> dict[str, Any]:
     if not body:
         return {}
     try:
-        value = json.loads(body)
-    except ValueError:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
         raise _error(400, "body is not valid JSON") from None
     if not isinstance(value, dict):
         raise _error(400, "body must be a JSON object")
@@ -404,11 +455,14 @@ def _json(body: bytes) -> dict[str, Any]:
 
 def run_sim_engine(*, host: str, port: int, slots: int, step_ms: float,
                    step_ms_per_request: float, request_log: Path | None = None,
-                   boot_id: str | None = None) -> None:
-    """Serve one simulated replica until interrupted (``queue-rollout sim-engine``)."""
+                   boot_id: str | None = None, **kv: Any) -> None:
+    """Serve one simulated replica until interrupted (``queue-rollout sim-engine``);
+    *kv*: the model's prefill and KV settings (``prefill_tokens_per_s``,
+    ``chunked_prefill_size``, ``max_total_tokens``)."""
 
     async def main() -> None:
-        model = SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request)
+        model = SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request,
+                         **kv)
         server = SimEngineServer(model, host=host, port=port, request_log=request_log)
         if boot_id:
             server.boot_id = boot_id
@@ -428,12 +482,14 @@ class ThreadedSimEngine:
     """A simulated replica on its own event-loop thread, for tests and in-process farms."""
 
     def __init__(self, *, slots: int, step_ms: float, step_ms_per_request: float = 0.0,
-                 host: str = "127.0.0.1", port: int = 0, request_log: Path | None = None) -> None:
+                 host: str = "127.0.0.1", port: int = 0, request_log: Path | None = None,
+                 **kv: Any) -> None:
         import threading
 
         self.loop = asyncio.new_event_loop()
         self.server = SimEngineServer(
-            SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request),
+            SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request,
+                     **kv),
             host=host, port=port, request_log=request_log)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="sim-engine")

@@ -33,7 +33,7 @@ from queue_rollout.config import Config, write_config
 from queue_rollout.errors import ConfigError
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.shape import check_shape
-from queue_rollout.procs import Supervised, cli_exe, stop_all
+from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
 
 log = logging.getLogger(__name__)
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -59,9 +59,7 @@ def replica_argv(config: Config, gpu: int, port: int, boot_id: str,
     simulated replica appends its requests to *request_log*."""
     e = config.engine
     if e.kind == "sim":
-        return [cli_exe(), "sim-engine", "--port", str(port), "--slots", str(e.slots_per_replica),
-                "--step-ms", str(e.step_ms), "--step-ms-per-request",
-                str(e.step_ms_per_request), "--boot-id", boot_id,
+        return [*sim_engine_argv(e, port), "--boot-id", boot_id,
                 *(["--request-log", str(request_log)] if request_log else [])]
     if not e.model_path:
         raise ConfigError('engine.model_path: `node` with engine.kind = "sglang" needs the model')

@@ -28,7 +28,7 @@ from queue_rollout.ledger.connection import connect_config, mask_url
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
-from queue_rollout.procs import Supervised, cli_exe, stop_all
+from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,7 @@ def start_sim_engines(config: Config, config_path: Path,
     engines: list[Supervised] = []
     urls: list[str] = []
     for i in range(e.replicas):
-        argv = [cli_exe(), "sim-engine", "--port", "0", "--slots", str(e.slots_per_replica),
-                "--step-ms", str(e.step_ms), "--step-ms-per-request",
-                str(e.step_ms_per_request), "-c", str(config_path)]
+        argv = [*sim_engine_argv(e, 0), "-c", str(config_path)]
         if request_log_dir is not None:
             argv += ["--request-log", str(request_log_dir / f"replica-{i}.jsonl")]
         log_path = None if log_dir is None else log_dir / f"replica-{i}.log"

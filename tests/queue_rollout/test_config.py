@@ -113,6 +113,11 @@ def test_max_concurrent_samples_auto_and_int():
     ("engine", "replicas", "0"),
     ("engine", "slots_per_replica", '"16"'),
     ("engine", "base_port", "70000"),
+    ("engine", "prefill_tokens_per_s", "0"),
+    ("engine", "chunked_prefill_size", "-1"),
+    ("engine", "max_total_tokens", "0"),
+    ("engine", "max_total_tokens", "4096"),  # smaller than one chunk (8,192)
+    ("engine", "pause_mode", '"sleep"'),
     ("metrics", "port", "0"),
     ("timeouts", "lease", "0"),
     ("timeouts", "doubt", "false"),

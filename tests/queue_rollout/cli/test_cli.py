@@ -21,6 +21,22 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     assert "rollout.max_concurrent_samples" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [
+    ["--max-total-tokens", "1000", "--chunked-prefill-size", "2000"],
+    ["--max-total-tokens", "0"],
+    ["--prefill-tokens-per-s", "-5"],
+    ["--chunked-prefill-size", "1.5"],
+])
+def test_sim_engine_refuses_bad_model_sizes_with_exit_2(flags):
+    from queue_rollout.procs import cli_exe
+
+    # a check that let it through would serve until the timeout: the test fails
+    done = subprocess.run([cli_exe(), "sim-engine", "--port", "0", *flags],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert flags[0] in done.stderr
+
+
 def test_status_json_has_the_design_shape(tmp_path, redis_url, make_ledger, capsys):
     ledger = make_ledger(group_size=2, max_concurrent_samples=6)
     ledger.submit(trivial_prompts(3))

@@ -44,6 +44,7 @@ def test_slots_limit_running_requests_and_the_rest_wait_in_order():
     m = model(slots=2)
     for rid in ("a", "b", "c"):
         m.submit(request(rid, 10, ended))
+    m.advance(0.0)  # their (empty) prefill
     assert set(m.running) == {"a", "b"} and [r.rid for r in m.waiting] == ["c"]
     m.advance(10 * 0.0049 + 1e-9)
     assert set(m.running) == {"c"} and m.running["c"].started == pytest.approx(0.049)

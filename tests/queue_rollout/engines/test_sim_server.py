@@ -204,7 +204,7 @@ def test_metrics_use_sglang_gauge_names(slow_replica):
     wait_until(lambda: client.server_info()["running"] == 1)
     text = urllib.request.urlopen(slow_replica.url + "/metrics", timeout=5).read().decode()
     assert 'sglang:num_running_reqs{model_name="sim"} 1' in text
-    assert 'sglang:gen_throughput{model_name="sim"} 50.000' in text  # 1 / 20 ms
+    assert 'sglang:gen_throughput{model_name="sim"} 50.0\n' in text  # 1 / 20 ms
     client.abort("m")
     t.join(5)
 
@@ -217,3 +217,73 @@ def test_lengths_without_ignore_eos_are_seeded_and_long_tailed():
     lengths.sort()
     median, p99 = lengths[1000], lengths[1980]
     assert 1500 < median < 2600 and p99 > 5 * median and max(lengths) <= 16384
+
+
+# -- the engine model over HTTP: the same script as the model in virtual time ----------
+
+SCRIPT = [(0.0, "a", list(range(10))), (0.02, "long-prompt", list(range(100, 200))),
+          (0.04, "b", list(range(300, 310)))]
+KV = {"max_total_tokens": 2400, "chunked_prefill_size": 2048, "prefill_tokens_per_s": 1e6,
+      "clip_max_new_tokens": 100}
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith(f"sglang:{name}{{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_the_replica_and_the_model_in_virtual_time_agree_on_one_script():
+    """Three requests outgrow the KV pool together; the replica (real time, HTTP) and
+    the model driven by hand (virtual time) retract the same one, and every request
+    ends with its exact tokens; /metrics counts the retraction with SGLang's names."""
+    import urllib.request
+
+    from queue_rollout.engines.sim_model import SimModel, SimRequest
+
+    model = SimModel(slots=8, step_ms=0.2, step_ms_per_request=0.0, **KV)  # type: ignore[arg-type]
+    for at, rid, prompt in SCRIPT:
+        model.advance(at)
+        model.submit(SimRequest(rid, seed=1, target=1000, weight_version="v", prompt=prompt))
+    model.advance(60.0)
+    expected = {e["rid"]: (e["tokens"], e["retractions"]) for e in model.log}
+    assert sorted(v[1] for v in expected.values()) == [0, 0, 1]
+
+    with ThreadedSimEngine(slots=8, step_ms=0.2, **KV) as engine:
+        client = SGLangClient(engine.url, timeout=30)
+        started = time.monotonic()
+        calls = []
+        for at, rid, prompt in SCRIPT:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            calls.append(in_background(client.generate, rid, input_ids=prompt, timeout=30,
+                                       sampling_params={"max_new_tokens": 1000,
+                                                        "ignore_eos": True}))
+        for t, _ in calls:
+            t.join(30)
+        got = {out["value"].rid: (out["value"].completion_tokens,
+                                  out["value"].meta_info["num_retractions"])
+               for _, out in calls}
+        metrics = urllib.request.urlopen(engine.url + "/metrics", timeout=5).read().decode()
+    assert got == expected
+    assert _metric(metrics, "num_retracted_requests_total") == 1.0
+    assert _metric(metrics, "generation_tokens_total") == 3000.0
+    assert _metric(metrics, "prompt_tokens_total") == 120.0
+    assert "# TYPE sglang:num_retracted_requests_total counter" in metrics
+    assert "# TYPE sglang:token_usage gauge" in metrics
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_in_meta_info_and_metrics():
+    import urllib.request
+
+    with ThreadedSimEngine(slots=4, step_ms=0.05) as engine:
+        client = SGLangClient(engine.url, timeout=10)
+        prompt = list(range(1000, 1300))
+        params = {"max_new_tokens": 5, "ignore_eos": True}
+        first = client.generate("p1", input_ids=prompt, sampling_params=params, timeout=10)
+        second = client.generate("p2", input_ids=prompt, sampling_params=params, timeout=10)
+        by_text = client.generate("t1", text="abcdefgh", sampling_params=params, timeout=10)
+        metrics = urllib.request.urlopen(engine.url + "/metrics", timeout=5).read().decode()
+    assert (first.prompt_tokens, first.meta_info["cached_tokens"]) == (300, 0)
+    assert (second.prompt_tokens, second.meta_info["cached_tokens"]) == (300, 299)
+    assert by_text.prompt_tokens == 2  # one token per 4 UTF-8 bytes
+    assert _metric(metrics, "cached_tokens_total") == 299.0
+    assert 0 < _metric(metrics, "cache_hit_rate") < 1
