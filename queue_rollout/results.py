@@ -24,6 +24,8 @@ class EpisodeResult(msgspec.Struct, forbid_unknown_fields=True):
     text: str = ""
     turns: NonNegInt = 1
     error: str = ""
+    prompt_tokens: NonNegInt = 0  # context tokens the replica was sent, over every call
+    cached_tokens: NonNegInt = 0  # of those, found in its prefix cache (not computed)
 
     def versions(self) -> list[int]:
         """The policy version of each output token."""

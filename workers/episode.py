@@ -258,7 +258,7 @@ class AttemptRunner:
         texts: list[str] = []
         runs: list[tuple[int, int]] = []
         budget = int(params.get("max_new_tokens", 128))
-        piece = 0
+        piece = prompt_tokens = cached_tokens = 0
         while True:
             if self._stopping(live):
                 raise AttemptStopped
@@ -279,6 +279,8 @@ class AttemptRunner:
             ids += gen.output_ids
             logprobs += gen.logprobs
             texts.append(gen.text)
+            prompt_tokens += gen.prompt_tokens or 0
+            cached_tokens += gen.cached_tokens
             live.tokens += len(gen.output_ids)
             if gen.output_ids:
                 runs.append((version, len(gen.output_ids)))
@@ -292,8 +294,8 @@ class AttemptRunner:
             piece += 1
         merged = Generation(rid=base, text="".join(texts), output_ids=ids, logprobs=logprobs,
                             finish_reason=gen.finish_reason, completion_tokens=len(ids),
-                            prompt_tokens=gen.prompt_tokens, weight_version=gen.weight_version,
-                            meta_info=gen.meta_info)
+                            prompt_tokens=prompt_tokens, weight_version=gen.weight_version,
+                            meta_info=gen.meta_info, cached_tokens=cached_tokens)
         return merged, runs
 
     def _wait_unpaused(self, live: _Live) -> None:
@@ -326,7 +328,8 @@ class AttemptRunner:
         result = EpisodeResult(
             member=member, output_ids=ctx.output_ids, logprobs=ctx.logprobs,
             version_runs=ctx.version_runs, finish_reason=ctx.finish_reason or outcome,
-            reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error)
+            reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error,
+            prompt_tokens=ctx.prompt_tokens, cached_tokens=ctx.cached_tokens)
         blob = encode_result(result)
         cap = self.config.limits.max_result_bytes
         reason: Literal["workflow", "oversized"] = "workflow"
@@ -340,7 +343,8 @@ class AttemptRunner:
         answer: Answer = self._until_answered(
             f"finish {aid}", lambda: self.ledger.finish(
                 aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome,
-                reason=reason))
+                reason=reason, prefill_computed=ctx.prompt_tokens - ctx.cached_tokens,
+                prefill_cached=ctx.cached_tokens))
         if answer.ignored:
             log.info("attempt %s: result ignored (%s)", aid, answer.reason)
             return "ignored"

@@ -62,6 +62,8 @@ class EpisodeContext:
     texts: list[str] = field(default_factory=list)
     finish_reason: str = ""
     turns: int = 0
+    prompt_tokens: int = 0  # context tokens sent, over every call (the replica's count)
+    cached_tokens: int = 0  # of those, found in the replica's prefix cache
 
     def generate(self, *, input_ids: list[int] | None = None, text: str | None = None,
                  **sampling_overrides: Any) -> Generation:
@@ -78,6 +80,8 @@ class EpisodeContext:
             add_tokens(self.version_runs, version, count)
         self.texts.append(gen.text)
         self.finish_reason = str(gen.finish_reason.get("type", ""))
+        self.prompt_tokens += gen.prompt_tokens or 0
+        self.cached_tokens += gen.cached_tokens
         return gen
 
 

@@ -94,6 +94,9 @@ class LedgerCollector:
         yield counter("groups_accepted", "Groups accepted.", c.get("accepted", 0))
         yield counter("groups_consumed", "Groups consumed by trainers.", c.get("consumed", 0))
         yield counter("output_tokens", "Output tokens recorded.", c.get("output_tokens", 0))
+        yield labelled("prefill_tokens", "Context tokens of recorded episodes the replicas "
+                       "computed, or found in their prefix cache.", "kind",
+                       ("computed", "cached"), "prefill")
         yield counter("batches_delivered", "Batches delivered.", c.get("batches", 0))
         yield counter("notifications_ignored", "Duplicate or stale notifications refused.",
                       c.get("ignored", 0))

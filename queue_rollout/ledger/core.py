@@ -198,16 +198,19 @@ class Ledger:
         self, aid: str, member: int, result: bytes, *, output_tokens: int = 0,
         outcome: Literal["finished", "failed"] = "finished",
         reason: Literal["workflow", "oversized"] = "workflow",
+        prefill_computed: int = 0, prefill_cached: int = 0,
     ) -> Answer:
         """Record an attempt's result; ``recorded`` (``group_complete`` when it ended the
         group's last member) or ``ignored`` with the reason. A failed episode is counted
-        by *reason* (``failed:<reason>``)."""
+        by *reason* (``failed:<reason>``); its context tokens the replica computed and
+        found cached are added to ``prefill:computed`` and ``prefill:cached``."""
         k = self.keys
         return self._answer(
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
              k.observations],
-            aid, member, outcome, output_tokens, result, reason,
+            aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
+            max(0, prefill_cached),
         )
 
     def mark_doubtful(self, aid: str, cause: str) -> Answer:

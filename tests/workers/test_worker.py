@@ -88,6 +88,34 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
     assert r.hlen(ledger.keys.workers) == 0
 
 
+def test_a_member_after_its_sibling_finds_the_prompt_cached_and_the_ledger_counts_it(
+        r, farm_toml):
+    """One slot on the replica: the group's second member runs after the first, whose
+    context stays in the replica's prefix cache; each result and the ledger's counters
+    say how much of the context was computed and how much found cached."""
+    from queue_rollout.results import decode_result
+
+    config = load_config(farm_toml)
+    ledger = Ledger.from_config(r, config)
+    prompt = list(range(1000, 1400))
+    ledger.submit([("p0", json.dumps({"id": "p0", "input_ids": prompt,
+                                      "member_lengths": [30, 30]}).encode())])
+    assert ledger.admit().status == "admitted"
+    assert flush_outbox(r, ledger.keys) == 2
+    with ThreadedSimEngine(slots=1, step_ms=0.5) as engine:
+        proc = start_worker(farm_toml, engine.url)
+        try:
+            wait_for(lambda: ledger.counters().get("finished", 0) == 2, what="2 episodes")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    results = [decode_result(ledger.result("p0", m) or b"", 1 << 20) for m in (0, 1)]
+    assert sorted((x.prompt_tokens, x.cached_tokens) for x in results) == [
+        (400, 0), (400, 399)]
+    counters = ledger.counters()
+    assert (counters["prefill:computed"], counters["prefill:cached"]) == (401, 399)
+
+
 def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, engine, farm_toml):
     farm_toml.write_text(farm_toml.read_text().replace(
         "slots_per_replica = 2\n", "slots_per_replica = 2\nthreads_per_process = 2\n"))

@@ -21,6 +21,8 @@
 -- ARGV[7] = why a failed episode failed (counted as failed:<reason>): "workflow"
 --           (the workflow rejected its output or raised), "oversized" (the result
 --           was over limits.max_result_bytes); ignored for "finished"
+-- ARGV[8] = context tokens the replica computed (prefill), over the episode's calls
+-- ARGV[9] = context tokens it found in its prefix cache
 -- Returns {'recorded', 'group_complete' | ''} | {'ignored', reason}
 
 local counters = KEYS[1]
@@ -46,6 +48,8 @@ a.ended_at = now
 put_json(KEYS[2], aid, a)
 redis.call('HSET', KEYS[4], episode_field(a.g, a.m), ARGV[6])
 bump(counters, 'output_tokens', tonumber(ARGV[5]))
+if tonumber(ARGV[8]) > 0 then bump(counters, 'prefill:computed', tonumber(ARGV[8])) end
+if tonumber(ARGV[9]) > 0 then bump(counters, 'prefill:cached', tonumber(ARGV[9])) end
 if outcome == 'failed' then bump(counters, 'failed:' .. ARGV[7], 1) end
 if a.started_at then observe(KEYS[8], 'episode_s', now - a.started_at) end
 local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}

@@ -21,7 +21,7 @@ DESIGN_METRICS = [
     "output_tokens_total", "batches_delivered_total", "batch_interval_seconds_bucket",
     "policy_version", "consumed_group_staleness_bucket", "admission_blocked_total",
     "workers_alive", "attempt_retries_total", "partial_groups", "redis_used_memory_bytes",
-    "redis_wait_replicas", "redis_replicas_acked",
+    "redis_wait_replicas", "redis_replicas_acked", "prefill_tokens_total",
 ]
 
 
@@ -49,7 +49,8 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
             a = ledger.attempt(aid)
             ledger.finish(aid, a.m, encode_result(EpisodeResult(
                 member=a.m, output_ids=[1, 2], logprobs=[0.0, 0.0], version_runs=[(0, 2)],
-                finish_reason="length", reward=float(a.m))), output_tokens=2)
+                finish_reason="length", reward=float(a.m))), output_tokens=2,
+                prefill_computed=100 if a.m == 0 else 1, prefill_cached=0 if a.m == 0 else 99)
         a0 = ledger.group("p1").attempt_ids[0]
         ledger.start(a0, "w", "r", "b", 30)
         ledger.mark_doubtful(a0, "lease_expired")
@@ -63,6 +64,8 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
         assert sample(text, "sample_slots") == 4 and sample(text, "sample_slots_reserved") == 4
         assert sample(text, "doubtful_attempts") == 1 and sample(text, "partial_groups") == 0
         assert 'queue_rollout_episodes_finished_total{outcome="finished"} 2.0' in text
+        assert 'queue_rollout_prefill_tokens_total{kind="computed"} 101.0' in text
+        assert 'queue_rollout_prefill_tokens_total{kind="cached"} 99.0' in text
         assert 'queue_rollout_admission_blocked_total{reason="capacity"} 1.0' in text
         r.hset(ledger.keys.counters, mapping={"failed:oversized": 3, "failed:max_attempts": 1})
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
