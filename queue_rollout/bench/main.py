@@ -19,7 +19,7 @@ from queue_rollout.bench.profiles import PILOTS, Scale, Shape
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
-ALL = (*PILOTS, "control-plane", "ledger")
+ALL = (*PILOTS, "control-plane", "calibration", "ledger")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,11 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                  f"  farm episodes/s   {cp.farm_episodes_per_s:10.1f}\n"
                  f"  plain RQ jobs/s   {cp.plain_rq_jobs_per_s:10.1f}\n"
                  f"  ratio             {cp.ratio:10.3f}")
+        if "calibration" in profiles:
+            from queue_rollout.bench.calibration import calibration_text, run_calibration
+
+            cal = run_calibration(redis_server.url, work / "calibration", progress)
+            emit(cal, calibration_text(cal))
     if "ledger" in profiles:
         from queue_rollout.bench.ledger import run_ledger_bench
 

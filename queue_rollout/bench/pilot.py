@@ -32,6 +32,8 @@ from rq import Queue, Worker
 from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
 from queue_rollout.client.rollout import RolloutClient, stand_in_training
 from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.engines.sim_model import PauseMode
+from queue_rollout.engines.sim_server import text_tokens
 from queue_rollout.errors import InvariantViolation
 from queue_rollout.launch.up import LocalFarm, start_sim_engines
 from queue_rollout.ledger.connection import connect
@@ -154,7 +156,16 @@ class Bench:
         s, f = self.shape, self.scale.step_factor
         return {"kind": "sim", "replicas": s.replicas, "slots_per_replica": s.slots_per_replica,
                 "threads_per_process": s.slots_per_replica, "step_ms": s.step_ms * f,
-                "step_ms_per_request": s.step_ms_per_request * f}
+                "step_ms_per_request": s.step_ms_per_request * f,
+                **self.kv_settings()}
+
+    def kv_settings(self) -> dict[str, Any]:
+        """The engine model's prefill and KV settings at this scale: sizes scale with
+        tokens, the prefill rate so that a prefill takes the scaled time."""
+        s, scale = self.shape, self.scale
+        return {"prefill_tokens_per_s": s.prefill_tokens_per_s / scale.step_factor,
+                "chunked_prefill_size": scale.length(s.chunked_prefill_size),
+                "max_total_tokens": scale.length(s.max_total_tokens)}
 
     def start(self) -> None:
         config = msgspec.convert({"engine": self.engine_section()}, Config)
@@ -248,8 +259,8 @@ class Bench:
         return out
 
     def ideal(self, prompts: list[dict[str, Any]], mode: str, max_staleness: int,
-              farm: str) -> SimReport:
-        """The ideal schedule of the same policy: the same ledger scripts and timing
+              farm: str, pause_mode: PauseMode = "in_place") -> SimReport:
+        """The ideal schedule of the same policy: the same ledger scripts and engine
         model in virtual time, with zero control-plane overhead."""
         s, f = self.shape, self.scale.step_factor
         clock = ManualClock()
@@ -260,7 +271,8 @@ class Bench:
             replicas=s.replicas, slots_per_replica=s.slots_per_replica,
             step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
             train_s=s.train_s * self.scale.time, train_batches=s.train_batches,
-            capacity_slots=s.slots,
+            capacity_slots=s.slots, **self.kv_settings(), pause_mode=pause_mode,
+            prompt_tokens={p["id"]: len(text_tokens(p["prompt"])) for p in prompts},
         ).run()
 
 

@@ -42,6 +42,9 @@ class Shape:
     train_batches: int = 6
     step_ms: float = 4.5
     step_ms_per_request: float = 0.2
+    prefill_tokens_per_s: float = 20_000.0
+    chunked_prefill_size: int = 8192
+    max_total_tokens: int = 220_000
 
     @property
     def slots(self) -> int:

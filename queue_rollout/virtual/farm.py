@@ -5,10 +5,11 @@ scripts on a real Redis, with the ledger's clock set to the simulation's virtual
 time. Replicas are the simulated replica's own model
 (:class:`~queue_rollout.engines.sim_model.SimModel`, the one ``queue-rollout
 sim-engine`` serves in real time), advanced analytically from event to event, so a
-128-slot farm of a thousand long episodes simulates in seconds. The trainer takes each ready batch,
-pauses generation in place for ``train_s`` (the fixed training interval), raises the
-policy version, and resumes; after ``train_batches`` batches the rest is drained
-(each batch acknowledged and the version raised, without a pause).
+128-slot farm of a thousand long episodes simulates in seconds. The trainer takes each
+ready batch, pauses generation (``pause_mode``, in place by default) for ``train_s``
+(the fixed training interval), raises the policy version, and resumes; after
+``train_batches`` batches the rest is drained (each batch acknowledged and the version
+raised, without a pause).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from queue_rollout.engines.sim_model import SimModel, SimRequest
+from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.virtual.clock import ManualClock
 
@@ -30,6 +31,7 @@ class _Placed:
     group_id: str
     member: int
     length: int
+    replica: int = 0
 
 
 @dataclass
@@ -44,6 +46,8 @@ class SimReport:
     all_work_s: float
     mean_active: float
     output_tokens: int
+    retractions: int = 0  # requests the replicas retracted (KV memory ran out)
+    prefill_tokens: int = 0  # context tokens the replicas computed (recomputation included)
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -68,11 +72,25 @@ class SimFarm:
         self, ledger: Ledger, clock: ManualClock, lengths: dict[str, list[int]], *,
         replicas: int, slots_per_replica: int, step_ms: float, step_ms_per_request: float,
         train_s: float, train_batches: int, capacity_slots: int | None = None,
+        prompt_tokens: dict[str, int] | None = None,
+        prefill_tokens_per_s: float = 20_000.0, chunked_prefill_size: int = 8192,
+        max_total_tokens: int = 220_000, pause_mode: PauseMode = "in_place",
         on_progress: Callable[[SimFarm], None] | None = None,
     ) -> None:
+        """*prompt_tokens*: each group's prompt length (default 1 token); the prefill and
+        KV settings are the engine model's (``engine.*``); *pause_mode* is how the
+        trainer's pauses stop generation (``engine.pause_mode``: with ``abort`` each
+        aborted episode is sent again after the pause, prompt + output so far, as the
+        worker does)."""
+        self.pause_mode = pause_mode
+        self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
         self.ledger, self.clock, self.lengths = ledger, clock, lengths
+        self.prompt_tokens = prompt_tokens or {}
         self.replicas = [SimModel(slots=slots_per_replica, step_ms=step_ms,
-                                  step_ms_per_request=step_ms_per_request, now=clock.now)
+                                  step_ms_per_request=step_ms_per_request, now=clock.now,
+                                  prefill_tokens_per_s=prefill_tokens_per_s,
+                                  chunked_prefill_size=chunked_prefill_size,
+                                  max_total_tokens=max_total_tokens)
                          for _ in range(replicas)]
         self._placed: dict[str, _Placed] = {}  # attempt id -> what runs on a replica
         self._completed: list[str] = []  # attempt ids whose request completed
@@ -125,6 +143,8 @@ class SimFarm:
             all_work_s=last_complete - self._t0,
             mean_active=self._active_area / self._gen_time if self._gen_time else 0.0,
             output_tokens=self.output_tokens,
+            retractions=sum(r.counters.retracted_requests for r in self.replicas),
+            prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
         )
 
     def _admit_and_place(self) -> None:
@@ -134,8 +154,8 @@ class SimFarm:
                 break
             self.waiting.extend(admission.attempt_ids)
         while self.waiting and self._training_until is None:
-            i, replica = min(enumerate(self.replicas), key=lambda ir: len(ir[1].running))
-            if len(replica.running) >= replica.slots:
+            i, replica = min(enumerate(self.replicas), key=lambda ir: ir[1].in_flight)
+            if replica.in_flight >= replica.slots:
                 break
             aid = self.waiting.popleft()
             start = self.ledger.start(aid, f"sim-{i}", f"sim-{i}", "sim-boot", 3600)
@@ -144,10 +164,31 @@ class SimFarm:
             length = self.lengths[start.group_id][start.member]
             self._placed[aid] = _Placed(start.group_id, start.member, length)
             replica.submit(SimRequest(aid, seed=0, target=length, weight_version="",
+                                      prompt=self._prompt(start.group_id),
+                                      token=_tokens_of(aid).__getitem__,
                                       on_done=self._on_done))
+            self._placed[aid].replica = i
+
+    def _prompt(self, group_id: str) -> range:
+        """A group's prompt: token ids of its own (its members share them)."""
+        return _tokens_of(group_id)[:self.prompt_tokens.get(group_id, 1)]
 
     def _on_done(self, request: SimRequest, reason: dict[str, object]) -> None:
+        if reason["type"] == "abort":  # by a pause in "abort" mode: resumed after it
+            self._aborted.append((self._placed[request.rid].replica, request))
+            return
         self._completed.append(request.rid)
+
+    def _resume_aborted(self) -> None:
+        """Each episode a pause aborted, sent again from prompt + output so far (the
+        worker's partial rollout); its context is in the replica's cache."""
+        aborted, self._aborted = self._aborted, []
+        for i, r in aborted:
+            done = r.tokens
+            self.replicas[i].submit(SimRequest(
+                r.rid, seed=0, target=r.target - done, weight_version="",
+                prompt=[*r.prompt, *r.output(done)],
+                token=_tokens_of(r.rid)[done:].__getitem__, on_done=self._on_done))
 
     def _advance(self, dt: float) -> list[str]:
         """Move every replica (and the clock) *dt* seconds on; the attempts that
@@ -184,8 +225,8 @@ class SimFarm:
                 self._held = delivery.batch.id
                 self._training_until = self.clock.now + self.train_s
                 self.ledger.set_paused(True)
-                for replica in self.replicas:  # generation paused in place
-                    replica.pause("in_place")
+                for replica in self.replicas:
+                    replica.pause(self.pause_mode)
                 return
             # the drain: consumed without a pause, the version still raised (the budget grows)
             self.ledger.ack("trainer", delivery.batch.id)
@@ -198,9 +239,17 @@ class SimFarm:
         self.ledger.set_paused(False)
         for replica in self.replicas:
             replica.resume()
+        self._resume_aborted()
         self.pause_ends.append(self.clock.now)
         self._training_until = None
         self._held = None
+
+
+def _tokens_of(name: str) -> range:
+    """Token ids of *name*'s own (a prompt's or an output's): a range far from every
+    other name's, so contexts share a prefix only where they should."""
+    start = (_h("synthetic", name) % (1 << 40)) << 24
+    return range(start, start + (1 << 24))
 
 
 def long_tail_lengths(prompts: int, group_size: int, short: int = 1024,

@@ -41,6 +41,9 @@ def test_sim_replica_bench_json_shape(capsys):
     assert main(["bench", "--profile", "sim-replica", "--json", "--requests", "4",
                  "--seconds", "0.5"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"profile", "concurrent_requests", "seconds", "cpu_fraction_of_one_core"}
+    assert set(result) == {"profile", "concurrent_requests", "seconds", "cpu_fraction_of_one_core",
+                           "completed", "cached_fraction", "retracted", "prompt_tokens",
+                           "output_tokens"}
     assert result["profile"] == "sim-replica" and result["concurrent_requests"] == 4
+    assert result["retracted"] == 0 and result["prompt_tokens"] == 4096
     assert 0 <= result["cpu_fraction_of_one_core"] <= 2
