@@ -287,3 +287,39 @@ def test_a_repeated_prompt_reports_its_cached_tokens_in_meta_info_and_metrics():
     assert by_text.prompt_tokens == 2  # one token per 4 UTF-8 bytes
     assert _metric(metrics, "cached_tokens_total") == 299.0
     assert 0 < _metric(metrics, "cache_hit_rate") < 1
+
+
+#: (name, type, help) of SGLang's metrics the replica serves, as the wheels 0.5.10 and
+#: 0.5.23 define them (sglang/srt/observability/metrics_collector.py)
+SGLANG_METRICS = [
+    ("num_running_reqs", "gauge", "The number of running requests."),
+    ("num_queue_reqs", "gauge", "The number of requests in the waiting queue."),
+    ("gen_throughput", "gauge", "The generation throughput (token/s)."),
+    ("token_usage", "gauge", "The token usage."),
+    ("num_used_tokens", "gauge", "The number of used tokens."),
+    ("max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool."),
+    ("cache_hit_rate", "gauge", "The prefix cache hit rate."),
+    ("new_token_ratio", "gauge", "The new token ratio."),
+    ("num_retracted_reqs", "gauge", "The number of retracted requests."),
+    ("num_retracted_requests_total", "counter", "Total number of retracted requests."),
+    ("num_retracted_input_tokens_total", "counter", "Total number of retracted input tokens."),
+    ("num_retracted_output_tokens_total", "counter",
+     "Total number of retracted output tokens."),
+    ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+    ("generation_tokens_total", "counter", "Number of generation tokens processed."),
+    ("cached_tokens_total", "counter",
+     "Number of cached prompt tokens by source (device/host/storage)."),
+    ("num_requests_total", "counter", "Number of requests processed."),
+    ("num_aborted_requests_total", "counter", "Number of requests aborted."),
+]
+
+
+def test_metrics_have_sglangs_names_types_and_help(replica):
+    import urllib.request
+
+    text = urllib.request.urlopen(replica.url + "/metrics", timeout=5).read().decode()
+    declared = [line for line in text.splitlines() if line.startswith("#")]
+    expected = [line for name, kind, doc in SGLANG_METRICS
+                for line in (f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} {kind}")]
+    assert declared == expected
+    assert 'sglang:cached_tokens_total{model_name="sim",cache_source="device"} 0.0' in text
