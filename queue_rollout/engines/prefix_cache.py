@@ -17,7 +17,7 @@ diverge inside a page each keep their own copy of its common tokens (at most
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,8 +29,10 @@ PAGE = 16
 class Node:
     key: tuple[int, ...]
     parent: Node | None
+    depth: int = 0  # tokens from the root to the end of this node
     children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     locks: int = 0  # running requests that hold this node (and so its ancestors)
+    used: int = 0  # when a match or an insert last ended on it (the cache's counter)
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,13 @@ class PrefixCache:
         self.root = Node((), None)
         self.tokens = 0  # tokens held by the tree
         self.locked = 0  # of those, tokens held by a running request
-        # LRU of all nodes but the root, least recent first; an ancestor is always more
-        # recent than its descendants (a path is touched leaf first), so the least
-        # recent unlocked node is a leaf
-        self._lru: OrderedDict[Node, None] = OrderedDict()
+        # eviction candidates, least recently used first: (used, seq, node) pushed when
+        # a match or an insert ends on a leaf, or a node's last child goes (with its
+        # own time: its descendants, in use while it was, have just gone as the least
+        # recent); entries whose node has since been used, grown or evicted are stale
+        self._heap: list[tuple[int, int, Node]] = []
+        self._clock = 0
+        self._seq = 0
 
     @property
     def evictable(self) -> int:
@@ -79,18 +84,24 @@ class PrefixCache:
         self._touch(best_node)
         return Match(matched + best, best_node)
 
-    def insert(self, context: Sequence[int]) -> Node:
+    def insert(self, context: Sequence[int], known: Node | None = None) -> Node:
         """Cache *context* (its pages not cached yet are added); the node of its last
-        page, marked as used."""
+        page, marked as used. *known*: a cached node on *context*'s path (one its
+        caller holds), so the pages before it are not looked up again."""
         node = self.root
-        for start in range(0, len(context), PAGE):
+        if known is not None and known is not self.root:
+            # its ancestors are on the path; itself only if its page is the context's
+            # (a match can end inside a page), and only full pages have children
+            own = tuple(context[known.depth - len(known.key):known.depth])
+            node = known if len(known.key) == PAGE and known.key == own else (
+                known.parent or self.root)
+        for start in range(node.depth, len(context), PAGE):
             key = tuple(context[start:start + PAGE])
             child = node.children.get(key)
             if child is None:
-                child = Node(key, node)
+                child = Node(key, node, node.depth + len(key))
                 node.children[key] = child
                 self.tokens += len(key)
-                self._lru[child] = None
             node = child
         self._touch(node)
         return node
@@ -119,17 +130,25 @@ class PrefixCache:
         first (a parent left without children takes its own place in that order); the
         tokens freed."""
         freed = 0
-        for node in list(self._lru):
-            if freed >= tokens:
-                break
-            if node.locks or node.children:
-                continue
+        held: list[tuple[int, int, Node]] = []
+        while freed < tokens and self._heap:
+            entry = heapq.heappop(self._heap)
+            used, _, node = entry
             parent = node.parent
-            assert parent is not None
+            if (parent is None or parent.children.get(node.key) is not node
+                    or node.children or used != node.used):
+                continue  # stale: evicted, grown, or used since
+            if node.locks:
+                held.append(entry)  # a candidate again once unlocked
+                continue
             del parent.children[node.key]
-            del self._lru[node]
+            node.parent = None
             self.tokens -= len(node.key)
             freed += len(node.key)
+            if not parent.children and parent is not self.root:
+                self._push(parent)
+        for entry in held:
+            heapq.heappush(self._heap, entry)
         return freed
 
     def flush(self) -> None:
@@ -139,13 +158,24 @@ class PrefixCache:
             return
         self.root = Node((), None)
         self.tokens = 0
-        self._lru.clear()
+        self._heap.clear()
 
     def _touch(self, node: Node) -> None:
-        n: Node | None = node
-        while n is not None and n is not self.root:
-            self._lru.move_to_end(n)
-            n = n.parent
+        if node is self.root:
+            return
+        self._clock += 1
+        node.used = self._clock
+        if not node.children:
+            self._push(node)
+        if len(self._heap) > 4 * self.tokens // PAGE + 1024:  # drop stale entries
+            self._heap = [e for e in self._heap
+                          if e[2].parent is not None and not e[2].children
+                          and e[0] == e[2].used]
+            heapq.heapify(self._heap)
+
+    def _push(self, node: Node) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (node.used, self._seq, node))
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

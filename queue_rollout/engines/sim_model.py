@@ -255,9 +255,7 @@ class SimModel:
                 r.produced = min(float(r.target), r.produced + tokens)
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO,
                                        self.new_token_ratio - NEW_TOKEN_RATIO_DECAY * tokens)
-            over = self.used_tokens() - self.max_total_tokens
-            if over > 0:
-                self.cache.evict(math.ceil(over))
+            self._fit()
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -313,9 +311,7 @@ class SimModel:
             r._extend_left -= take
             tokens += take
         self.counters.prefill_tokens += tokens
-        over = self.used_tokens() - self.max_total_tokens
-        if over > 0:
-            self.cache.evict(math.ceil(over))
+        self._fit()
         self._prefill = [r for r, _ in round_]
         self._prefill_left = tokens / self.prefill_tokens_per_s
 
@@ -326,11 +322,12 @@ class SimModel:
             if r._extend_left > 0:
                 self._chunked = r
                 continue
-            node = self.cache.insert(r.context())  # its context is cached, and held
+            node = self.cache.insert(r.context(), r._held)  # cached, and held
             self.cache.lock(node)
             self._release(r)
             r._held = node
             r._mark = r.produced
+            self._fit()
             if r.started is None:
                 r.started = self.now
             self.running[r.rid] = r
@@ -367,6 +364,13 @@ class SimModel:
             self.new_token_ratio = min(
                 1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / (max_new + 1))
         self._batch_full = False
+
+    def _fit(self) -> None:
+        """Evict cached pages while the pool holds more than it can (a page a context
+        shares only in part is stored again: the cache can run a few tokens over)."""
+        over = self.used_tokens() - self.max_total_tokens
+        if over > 0:
+            self.cache.evict(math.ceil(over))
 
     def _room(self) -> float:
         return self.max_total_tokens - self.used_tokens() + self.cache.evictable
@@ -464,8 +468,9 @@ class SimModel:
         if self._chunked is r:
             self._chunked = None
         if ran:  # its context stays cached (SGLang's cache_finished_req)
-            self.cache.insert(r.context())
+            self.cache.insert(r.context(), r._held)
         self._release(r)
+        self._fit()
         self._batch_full = False
         self.counters.generation_tokens += r.tokens
         if finish_reason["type"] == "abort":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -427,8 +428,9 @@ class SimEngineServer:
             "e2e_latency": now - r.arrived,
         }
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [
-                [lp, t, None] for lp, t in zip(token_logprobs(r.seed, n), ids, strict=True)]
+            # [logprob, token id, null] per token, as tuples (encoded as JSON arrays)
+            meta["output_token_logprobs"] = list(zip(token_logprobs(r.seed, n), ids,
+                                                     itertools.repeat(None)))
         text = output_text(r.seed, n, params, complete=reason["type"] != "abort")
         return {"text": text, "output_ids": ids, "meta_info": meta}
 

@@ -31,7 +31,7 @@ def test_eviction_takes_the_least_recently_used_leaves_and_never_a_held_path() -
     assert cache.tokens == cache.locked == 2 * PAGE
     assert cache.match([2] * PAGE * 2).tokens == 2 * PAGE and cache.match([1] * 9).tokens == 0
     cache.unlock(held)
-    assert cache.evictable == 2 * PAGE and old.parent is not None
+    assert cache.evictable == 2 * PAGE and old.parent is None  # evicted: detached
 
 
 def test_a_shared_prefix_is_stored_once_and_a_parent_goes_after_its_children() -> None:
@@ -44,3 +44,23 @@ def test_a_shared_prefix_is_stored_once_and_a_parent_goes_after_its_children() -
     assert cache.match(prompt).tokens == PAGE * 4
     cache.flush()
     assert cache.tokens == 0 and cache.match(prompt).tokens == 0
+
+
+def test_an_insert_from_a_held_node_is_the_same_as_one_from_the_root() -> None:
+    prompt = list(range(PAGE * 3 + 5))
+    reference, cache = PrefixCache(), PrefixCache()
+    for c in (reference, cache):
+        c.insert([*prompt, *range(900, 920)])
+    # a match that ends inside a page: its node's own page is not the new context's
+    context = [*prompt[:PAGE * 2 + 3], *range(5000, 5100)]
+    match = cache.match(context)
+    assert match.tokens == PAGE * 2 + 3 and match.node.depth == PAGE * 3
+    leaf = cache.insert(context, match.node)
+    reference.insert(context)
+    assert cache.tokens == reference.tokens
+    assert cache.match(context).tokens == len(context) and leaf.depth == len(context)
+    full = cache.match(prompt, limit=PAGE * 2)  # ends on a page boundary: a full node
+    longer = [*prompt[:PAGE * 2], *range(7000, 7040)]
+    assert cache.insert(longer, full.node).depth == len(longer)
+    reference.insert(longer)
+    assert cache.tokens == reference.tokens
