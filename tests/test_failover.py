@@ -29,13 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from queue_rollout import RolloutClient
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.procs import Supervised, cli_exe, stop_all
-from testkit import SentinelSet, free_ports, wait_for
+from testkit import SentinelSet, free_ports, submit_when_two_workers, wait_for
 
 G, B, GROUPS = 4, 4, 64
 LAG_S = 1.0
@@ -78,12 +77,8 @@ def run_failover(tmp_path: Path, wait_replicas: int, seed: int = 7) -> dict[str,
     twice: list[str] = []
     failure: list[BaseException] = []
     try:
-        collector.keep()
-        client = RolloutClient.from_config(toml)
+        client = submit_when_two_workers(toml, collector.keep, lengths)
         ledger = client.ledger
-        wait_for(lambda: client.status()["workers"]["alive"] == 2, 90, "two workers")
-        client.submit({"id": gid, "prompt": "x", "member_lengths": m}
-                      for gid, m in lengths.items())
 
         def trainer() -> None:
             try:

@@ -40,14 +40,13 @@ from redis.exceptions import RedisError
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
-from queue_rollout import RolloutClient
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 from queue_rollout.progress import LiveView
-from testkit import children, free_ports, wait_for
+from testkit import children, free_ports, submit_when_two_workers
 
 G = 4
 
@@ -150,12 +149,8 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
     delivered: dict[str, list[int]] = {}
     twice: list[str] = []
     try:
-        collector.keep()
-        client = RolloutClient.from_config(toml)
+        client = submit_when_two_workers(toml, collector.keep, lengths)
         ledger = client.ledger
-        wait_for(lambda: client.status()["workers"]["alive"] == 2, 90, "two workers")
-        client.submit({"id": gid, "prompt": "x", "member_lengths": m}
-                      for gid, m in lengths.items())
         t0 = time.monotonic()
 
         failure: list[BaseException] = []

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import redis
 
+from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import cli_exe
 
@@ -62,6 +63,18 @@ def farm_up(toml: Path) -> Iterator[str]:
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(90) == 0
+
+
+def submit_when_two_workers(toml: Path, keep: Callable[[], object],
+                            lengths: dict[str, list[int]]) -> RolloutClient:
+    """A trainer client on *toml*'s farm (a `node --gpus 0-1`), once both its workers
+    report, with one prompt per entry of *lengths* submitted; *keep* restarts the
+    collector if it died."""
+    keep()
+    client = RolloutClient.from_config(toml)
+    wait_for(lambda: client.status()["workers"]["alive"] == 2, 90, "two workers")
+    client.submit({"id": gid, "prompt": "x", "member_lengths": m} for gid, m in lengths.items())
+    return client
 
 
 def free_ports(n: int) -> int:

@@ -93,9 +93,6 @@ def token_logprobs(seed: int, n: int) -> list[float]:
     return [-((first + step * i) % 5000) / 1000.0 for i in range(n)]
 
 
-def token_id(seed: int, index: int) -> int:
-    return token_ids(seed, index, 1)[0]
-
 
 class DuplicateRid(Exception):
     """An rid that is still waiting or running was sent again (SGLang >= 0.5.10)."""
