@@ -33,8 +33,8 @@ from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.procs import Supervised, cli_exe, stop_all
-from testkit import SentinelSet, free_ports, submit_when_two_workers, wait_for
+from queue_rollout.procs import Supervised, cli_exe
+from testkit import SentinelSet, free_ports, stop_node_farm, submit_when_two_workers, wait_for
 
 G, B, GROUPS = 4, 4, 64
 LAG_S = 1.0
@@ -137,12 +137,7 @@ def run_failover(tmp_path: Path, wait_replicas: int, seed: int = 7) -> dict[str,
         report = examine(ledger.client, ledger.keys, B)
         roles = {n.port: n.client().info("replication")["role"] for n in redis_set.nodes}
     finally:
-        node.send_signal(signal.SIGTERM)
-        try:
-            node.wait(90)
-        except subprocess.TimeoutExpired:
-            node.kill()
-        stop_all([collector.proc] if collector.proc else [], 30)
+        stop_node_farm(node, collector)
         redis_set.stop()
     after = [t for t in batch_times if t > killed_at]
     assert twice == []

@@ -44,9 +44,9 @@ from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
-from queue_rollout.procs import Supervised, cli_exe, stop_all
+from queue_rollout.procs import Supervised, cli_exe
 from queue_rollout.progress import LiveView
-from testkit import children, free_ports, submit_when_two_workers
+from testkit import children, free_ports, stop_node_farm, submit_when_two_workers
 
 G = 4
 
@@ -256,12 +256,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
         rejected = sorted(gid for gid, state in states.items() if state == "rejected")
         left_over = sorted(r.decode() for r in ledger.client.lrange(ledger.keys.ready, 0, -1))
     finally:
-        node.send_signal(signal.SIGTERM)
-        try:
-            node.wait(90)
-        except subprocess.TimeoutExpired:
-            node.kill()
-        stop_all([collector.proc] if collector.proc else [], 30)
+        stop_node_farm(node, collector)
         server.stop()
     # every group delivered or rejected, exactly once (or accepted and left over, fewer
     # than a batch); every delivered member whole

@@ -18,7 +18,7 @@ import redis
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
-from queue_rollout.procs import cli_exe
+from queue_rollout.procs import Supervised, cli_exe, stop_all
 
 T = TypeVar("T")
 
@@ -75,6 +75,16 @@ def submit_when_two_workers(toml: Path, keep: Callable[[], object],
     wait_for(lambda: client.status()["workers"]["alive"] == 2, 90, "two workers")
     client.submit({"id": gid, "prompt": "x", "member_lengths": m} for gid, m in lengths.items())
     return client
+
+
+def stop_node_farm(node: subprocess.Popen[bytes], collector: Supervised) -> None:
+    """Stop a `node` (SIGTERM: it drains its workers and replicas) and its collector."""
+    node.send_signal(signal.SIGTERM)
+    try:
+        node.wait(90)
+    except subprocess.TimeoutExpired:
+        node.kill()
+    stop_all([collector.proc] if collector.proc else [], 30)
 
 
 def free_ports(n: int) -> int:

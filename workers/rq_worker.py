@@ -42,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import msgspec
 import redis
@@ -206,11 +207,8 @@ class EpisodeProcess:
     def _clear_done(self) -> None:
         pipe = self.client.pipeline(transaction=False)
         if self._clear_into(pipe):
-            try:
-                with translate_errors(self._url):
-                    pipe.execute()
-            except QueueRolloutError as exc:
-                log.warning("could not clear finished jobs: %s (the reconciler will)", exc)
+            self._best_effort("could not clear finished jobs (the reconciler will)",
+                              pipe.execute)
 
     def _await_replica(self) -> None:
         """After a replica failure, no job is taken until the replica answers (a dead
@@ -240,11 +238,9 @@ class EpisodeProcess:
         if runner.run(aid) == "unknown":
             log.warning("job %s names no attempt of farm %s: deleted unrun", aid,
                         self.config.farm.name)
-            try:  # a job someone enqueued with RQ's own tools has a record: gone too
-                with translate_errors(self._url):
-                    self.client.delete(f"rq:job:{aid}")
-            except QueueRolloutError as exc:
-                log.warning("job %s: could not delete its record: %s", aid, exc)
+            # a job someone enqueued with RQ's own tools has a record: gone too
+            self._best_effort(f"job {aid}: could not delete its record",
+                              lambda: self.client.delete(f"rq:job:{aid}"))
 
     # -- RQ's records ------------------------------------------------------------------
 
@@ -252,29 +248,30 @@ class EpisodeProcess:
         pipe = self.client.pipeline(transaction=True)
         pipe.lrem(self.intermediate_key, 1, aid)
         pipe.lpush(self.queue_key, aid)
-        try:
-            with translate_errors(self._url):
-                pipe.execute()
-        except QueueRolloutError as exc:
-            log.warning("job %s: could not give it back: %s (the reconciler will)", aid, exc)
+        self._best_effort(f"job {aid}: could not give it back (the reconciler will)",
+                          pipe.execute)
 
     def _rq_heartbeat(self) -> None:
         pipe = self.client.pipeline(transaction=False)
         for w in self.rq_workers:
             w.heartbeat(pipeline=pipe)
-        try:
-            with translate_errors(self._url):
-                pipe.execute()
-        except QueueRolloutError as exc:
-            log.warning("rq heartbeat failed: %s", exc)
+        self._best_effort("rq heartbeat failed", pipe.execute)
 
     def _deregister(self) -> None:
+        def register_deaths() -> None:
+            for w in self.rq_workers:
+                w.register_death()  # type: ignore[no-untyped-call]  # rq: untyped
+
+        self._best_effort("could not deregister from RQ", register_deaths)
+
+    def _best_effort(self, what: str, call: Callable[[], object]) -> None:
+        """Run *call* against Redis; a failure is logged (``what: error``), not raised:
+        what it does is mended later (the reconciler, the next heartbeat)."""
         try:
             with translate_errors(self._url):
-                for w in self.rq_workers:
-                    w.register_death()  # type: ignore[no-untyped-call]  # rq: untyped
+                call()
         except QueueRolloutError as exc:
-            log.warning("could not deregister from RQ: %s", exc)
+            log.warning("%s: %s", what, exc)
 
 
 def child_main() -> int:

@@ -265,14 +265,12 @@ def translate_errors(url: str) -> Iterator[None]:
 def client_url(client: redis.Redis) -> str:
     """A printable (masked) description of where *client* connects."""
     pool = client.connection_pool
+    scheme = "rediss" if issubclass(pool.connection_class, redis.SSLConnection) else "redis"
     if isinstance(pool, SentinelConnectionPool):
-        tls = issubclass(pool.connection_class, redis.SSLConnection)
-        return f"{'rediss' if tls else 'redis'}+sentinel://{pool.service_name}"
-    kw = client.connection_pool.connection_kwargs
+        return f"{scheme}+sentinel://{pool.service_name}"
+    kw = pool.connection_kwargs
     if "path" in kw:
         return f"unix://{kw['path']}"
-    tls = client.connection_pool.connection_class.__name__ == "SSLConnection"
-    scheme = "rediss" if tls else "redis"
     return f"{scheme}://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
 

@@ -97,11 +97,11 @@ class Ledger:
         self.rollout = rollout
         self.clock = clock
         self._url = client_url(client)
-        waits = wait is not None and wait.replicas > 0
-        self._scripts = Scripts(client, receipts=waits, unwrapped=UNWAITED)
+        waits = wait if wait is not None and wait.replicas > 0 else None
+        self._scripts = Scripts(client, receipts=waits is not None, unwrapped=UNWAITED)
         #: With replicas to wait for: every change is sent through these.
-        self.durable = (DurableCalls(client, self._scripts, self.keys, wait, self._url)
-                        if wait is not None and waits else None)
+        self.durable = (DurableCalls(client, self._scripts, self.keys, waits, self._url)
+                        if waits is not None else None)
 
     @classmethod
     def from_config(cls, client: redis.Redis, config: Config, *,

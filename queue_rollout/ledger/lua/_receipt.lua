@@ -9,7 +9,11 @@
 -- a caller that died in between leaves behind.
 -- Loaded as: _lib.lua, then the operation inside `local function operation() ... end`,
 -- then this file.
+-- KEYS[1]       = the wrapped operation's first key: KEYS[1] .. KEYS[#KEYS-1] are its
+--                 own keys, as its header names them
 -- KEYS[#KEYS]   = the call's receipt key (string), after the operation's own keys
+-- ARGV[1]       = the wrapped operation's first argument: ARGV[1] .. ARGV[#ARGV-2] are
+--                 its own arguments, as its header names them
 -- ARGV[#ARGV-1] = '1' when the call is sent again, '0' the first time
 -- ARGV[#ARGV]   = the receipt's lifetime in seconds
 
