@@ -4,15 +4,13 @@ A finished or aborted request's context (prompt + output) stays in the cache unt
 evicted; a new request reuses the longest cached prefix of its context. Eviction is
 LRU over leaves that no running request holds (SGLang's default
 ``--radix-eviction-policy lru``: a node's ``lock_ref`` keeps it; a parent becomes
-evictable once its last child is gone).
+evictable once its last child is gone), a whole leaf at a time.
 
-Granularity: the tree is kept in pages of :data:`PAGE` tokens (SGLang's default
-``page_size`` is 1). A full page is found by one dict lookup; where full pages stop
-matching, the children of the last matched node are compared token by token, so a
-match ends at the exact token where the contexts differ, as in SGLang. The one
-simplification: a page that only partly matches is not split, so two contexts that
-diverge inside a page each keep their own copy of its common tokens (at most
-``PAGE - 1`` tokens counted twice).
+The tree is SGLang's with ``page_size`` 1: an edge carries any number of tokens, a
+node's children are keyed by their first token, and a match that ends inside an edge
+splits it there (``_split_node``), so every match ends on a node. A split keeps the
+deeper half in the original node object, so a node a request holds stays the end of
+that request's prefix whatever later matches do to the tree.
 """
 
 from __future__ import annotations
@@ -21,24 +19,21 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-#: Tokens per node of the tree.
-PAGE = 16
-
 
 @dataclass(eq=False)
 class Node:
-    key: tuple[int, ...]
+    key: tuple[int, ...]  # the edge's tokens, from the parent to this node
     parent: Node | None
     depth: int = 0  # tokens from the root to the end of this node
-    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    children: dict[int, Node] = field(default_factory=dict)  # by their first token
     locks: int = 0  # running requests that hold this node (and so its ancestors)
-    used: int = 0  # when a match or an insert last ended on it (the cache's counter)
+    used: int = 0  # when a match or an insert last passed it (the cache's counter)
 
 
 @dataclass(frozen=True)
 class Match:
-    """The longest cached prefix of a context: *tokens* long, ending in *node* (whose
-    page is used up to *tokens*; the root for no match)."""
+    """The longest cached prefix of a context: *tokens* long, ending at *node* (whose
+    depth is *tokens*; the root for no match)."""
 
     tokens: int
     node: Node
@@ -51,10 +46,10 @@ class PrefixCache:
         self.root = Node((), None)
         self.tokens = 0  # tokens held by the tree
         self.locked = 0  # of those, tokens held by a running request
+        self.nodes = 0  # nodes in the tree, less the root
         # eviction candidates, least recently used first: (used, seq, node) pushed when
-        # a match or an insert ends on a leaf, or a node's last child goes (with its
-        # own time: its descendants, in use while it was, have just gone as the least
-        # recent); entries whose node has since been used, grown or evicted are stale
+        # a match or an insert ends on a leaf, or a node's last child goes; entries
+        # whose node has since been used, grown or evicted are stale
         self._heap: list[tuple[int, int, Node]] = []
         self._clock = 0
         self._seq = 0
@@ -67,44 +62,59 @@ class PrefixCache:
 
     def match(self, context: Sequence[int], limit: int | None = None) -> Match:
         """The longest cached prefix of *context*, at most *limit* tokens; the path is
-        marked as used."""
+        marked as used (an edge the match ends inside is split there)."""
         limit = len(context) if limit is None else min(limit, len(context))
-        node, matched = self.root, 0
-        while matched + PAGE <= limit:
-            child = node.children.get(tuple(context[matched:matched + PAGE]))
+        self._clock += 1
+        node, i = self.root, 0
+        while i < limit:
+            child = node.children.get(context[i])
             if child is None:
                 break
-            node, matched = child, matched + PAGE
-        best, best_node = 0, node
-        rest = context[matched:min(matched + PAGE, limit)]
-        for key, child in node.children.items():
-            common = _common(key, rest)
-            if common > best:
-                best, best_node = common, child
-        self._touch(best_node)
-        return Match(matched + best, best_node)
+            self._use(child)
+            common = _common(child.key, context[i:min(i + len(child.key), limit)])
+            node, i = child, i + common
+            if common < len(child.key):  # ends inside the edge: split there
+                node = self._split(child, common)
+                break
+        return Match(i, node)
 
     def insert(self, context: Sequence[int], known: Node | None = None) -> Node:
-        """Cache *context* (its pages not cached yet are added); the node of its last
-        page, marked as used. *known*: a cached node on *context*'s path (one its
-        caller holds), so the pages before it are not looked up again."""
-        node = self.root
-        if known is not None and known is not self.root:
-            # its ancestors are on the path; itself only if its page is the context's
-            # (a match can end inside a page), and only full pages have children
-            own = tuple(context[known.depth - len(known.key):known.depth])
-            node = known if len(known.key) == PAGE and known.key == own else (
-                known.parent or self.root)
-        for start in range(node.depth, len(context), PAGE):
-            key = tuple(context[start:start + PAGE])
-            child = node.children.get(key)
+        """Cache *context* (what is not cached yet is added); the node it ends at,
+        marked as used. *known*: a node on *context*'s path (one its caller holds:
+        a held node stays where it was), so the tokens before it are not compared
+        again."""
+        self._clock += 1
+        node = self.root if known is None or known.parent is None else known
+        i, n = node.depth, len(context)
+        while i < n:
+            child = node.children.get(context[i])
             if child is None:
-                child = Node(key, node, node.depth + len(key))
-                node.children[key] = child
-                self.tokens += len(key)
-            node = child
-        self._touch(node)
+                child = Node(tuple(context[i:]), node, n)
+                node.children[context[i]] = child
+                self.tokens += n - i
+                self.nodes += 1
+                self._use(child)
+                return child
+            self._use(child)
+            common = _common(child.key, context[i:i + len(child.key)])
+            node, i = child, i + common
+            if common < len(child.key):  # the context ends inside the edge
+                node = self._split(child, common)
         return node
+
+    def _split(self, child: Node, at: int) -> Node:
+        """Cut *child*'s edge after *at* tokens: a new node above it takes the first
+        part (and its holders' locks); *child* keeps the rest and its identity."""
+        parent = child.parent
+        assert parent is not None and 0 < at < len(child.key)
+        top = Node(child.key[:at], parent, child.depth - len(child.key) + at,
+                   locks=child.locks, used=self._clock)
+        parent.children[child.key[0]] = top
+        child.key = child.key[at:]
+        child.parent = top
+        top.children[child.key[0]] = child
+        self.nodes += 1
+        return top
 
     # -- holding and evicting ------------------------------------------------------------
 
@@ -127,23 +137,24 @@ class PrefixCache:
 
     def evict(self, tokens: int) -> int:
         """Free at least *tokens* (or all that can be freed), least recently used leaves
-        first (a parent left without children takes its own place in that order); the
-        tokens freed."""
+        first, whole leaves (a parent left without children takes its own place in
+        that order); the tokens freed."""
         freed = 0
         held: list[tuple[int, int, Node]] = []
         while freed < tokens and self._heap:
             entry = heapq.heappop(self._heap)
             used, _, node = entry
             parent = node.parent
-            if (parent is None or parent.children.get(node.key) is not node
-                    or node.children or used != node.used):
-                continue  # stale: evicted, grown, or used since
+            if (parent is None or node.children or used != node.used
+                    or parent.children.get(node.key[0]) is not node):
+                continue  # stale: evicted, grown, split or used since
             if node.locks:
                 held.append(entry)  # a candidate again once unlocked
                 continue
-            del parent.children[node.key]
+            del parent.children[node.key[0]]
             node.parent = None
             self.tokens -= len(node.key)
+            self.nodes -= 1
             freed += len(node.key)
             if not parent.children and parent is not self.root:
                 self._push(parent)
@@ -157,17 +168,17 @@ class PrefixCache:
             self.evict(self.tokens)
             return
         self.root = Node((), None)
-        self.tokens = 0
+        self.tokens = self.nodes = 0
         self._heap.clear()
 
-    def _touch(self, node: Node) -> None:
+    def _use(self, node: Node) -> None:
+        """Mark *node* as used now; a leaf becomes the most recent eviction candidate."""
         if node is self.root:
             return
-        self._clock += 1
         node.used = self._clock
         if not node.children:
             self._push(node)
-        if len(self._heap) > 4 * self.tokens // PAGE + 1024:  # drop stale entries
+        if len(self._heap) > 4 * self.nodes + 1024:  # drop stale entries
             self._heap = [e for e in self._heap
                           if e[2].parent is not None and not e[2].children
                           and e[0] == e[2].used]
@@ -178,10 +189,16 @@ class PrefixCache:
         heapq.heappush(self._heap, (node.used, self._seq, node))
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common(key: tuple[int, ...], part: Sequence[int]) -> int:
+    """How many leading tokens *key* and *part* share (compared a slice at a time)."""
+    part = tuple(part)
+    if key[:len(part)] == part:
+        return min(len(key), len(part))
+    lo, hi = 0, min(len(key), len(part))  # key[:lo] == part[:lo]; key[:hi] != part[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if key[:mid] == part[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from queue_rollout.engines.prefix_cache import PAGE, Node, PrefixCache
+from queue_rollout.engines.prefix_cache import Node, PrefixCache
 
 PauseMode = Literal["abort", "in_place", "retract"]
 VOCAB = 32_000
@@ -363,8 +363,7 @@ class SimModel:
         self._batch_full = False
 
     def _fit(self) -> None:
-        """Evict cached pages while the pool holds more than it can (a page a context
-        shares only in part is stored again: the cache can run a few tokens over)."""
+        """Evict cached leaves while the pool holds more than it can."""
         over = self.used_tokens() - self.max_total_tokens
         if over > 0:
             self.cache.evict(math.ceil(over))
@@ -399,7 +398,7 @@ class SimModel:
         if self.active(request.rid):
             raise DuplicateRid(request.rid)
         prompt = len(request.prompt)
-        room = self.max_total_tokens - prompt - PAGE - 1
+        room = self.max_total_tokens - prompt - 2  # SGLang: max_req_len - prompt - 1
         if room < 0:
             raise PromptTooLong(f"{prompt} prompt tokens do not fit a KV pool of "
                                 f"{self.max_total_tokens} tokens")
