@@ -18,7 +18,7 @@ import redis
 
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.ledger.connection import client_url, translate_errors
-from queue_rollout.ledger.durable import UNWAITED, DurableCalls, WaitPolicy
+from queue_rollout.ledger.durable import SELF_RECEIPTED, UNWAITED, DurableCalls, WaitPolicy
 from queue_rollout.ledger.keys import EVENTS_GROUP, Keys, episode_field
 from queue_rollout.ledger.records import (
     SUPERSEDED,
@@ -98,7 +98,8 @@ class Ledger:
         self.clock = clock
         self._url = client_url(client)
         waits = wait if wait is not None and wait.replicas > 0 else None
-        self._scripts = Scripts(client, receipts=waits is not None, unwrapped=UNWAITED)
+        self._scripts = Scripts(client, receipts=waits is not None,
+                                unwrapped=UNWAITED | SELF_RECEIPTED)
         #: With replicas to wait for: every change is sent through these.
         self.durable = (DurableCalls(client, self._scripts, self.keys, waits, self._url)
                         if waits is not None else None)
@@ -114,10 +115,15 @@ class Ledger:
 
     def _call(self, name: str, keys: list[str], *args: object) -> list[Any]:
         full = [repr(self.clock()), *args]
-        if self.durable is not None and self._scripts.wrapped(name):
-            return self.durable.call(name, keys, full)
+        if self.durable is not None and name not in UNWAITED:
+            return self.durable.call(name, keys, full, receipt=self._scripts.wrapped(name))
         with translate_errors(self._url):
             return self._scripts.call(name, keys, full)
+
+    def _call_id(self) -> str:
+        """The id of a start or finish call: what a resend of it is known by. Only
+        calls sent through :attr:`durable` are resent with the same arguments."""
+        return uuid.uuid4().hex if self.durable is not None else ""
 
     def _answer(self, name: str, keys: list[str], *args: object) -> Answer:
         """A script's ``{status, detail}``, with the detail in its named field: a reason
@@ -170,7 +176,7 @@ class Ledger:
         k = self.keys
         reply = self._call(
             "start", [k.counters, k.attempts, k.leases, k.prompts, k.state],
-            aid, worker, replica, boot, repr(float(lease_s)),
+            aid, worker, replica, boot, repr(float(lease_s)), self._call_id(),
         )
         if _s(reply[0]) == "started":
             prompt = reply[4] if isinstance(reply[4], bytes) else str(reply[4]).encode()
@@ -210,7 +216,7 @@ class Ledger:
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
              k.observations],
             aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
-            max(0, prefill_cached),
+            max(0, prefill_cached), self._call_id(),
         )
 
     def mark_doubtful(self, aid: str, cause: str) -> Answer:

@@ -6,7 +6,9 @@ must ride on the script's connection). Fewer than N acknowledgements, or a conne
 lost before the answer, leave the change uncertain: a failover now could lose it. The
 call is then sent again with the same receipt key (``_receipt.lua``): if the change is
 there, the script answers what it answered the first time and changes nothing; if a
-failover lost it, it is applied now. Only an answer that N replicas acknowledged is
+failover lost it, it is applied now. ``start`` and ``finish``, an episode's two calls,
+keep their receipt in the attempt's own record instead (the call's id, sent again
+unchanged), which spares a key written and deleted per call. Only an answer that N replicas acknowledged is
 returned, so while fewer than N replicas are attached the caller holds still and says
 so in its log. A receipt is deleted (in the caller's next pipeline) once its change is
 held; its lifetime only bounds what a caller that died in between leaves behind.
@@ -47,6 +49,9 @@ NO_CHANGE = frozenset({b"blocked", b"empty", b"ignored", b"redelivered", b"dupli
 #: (every lease/3), losing a leadership renewal a step of two leaders; neither is a
 #: result, a delivery or a slot.
 UNWAITED = frozenset({"progress", "lead"})
+#: Operations that are their own receipt: the attempt record keeps the id of the call
+#: that last changed it, and the same call sent again answers as it did the first time.
+SELF_RECEIPTED = frozenset({"start", "finish"})
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,14 @@ class DurableCalls:
         #: Replicas that acknowledged the latest change this client sent (None: none sent).
         self.last_acked: int | None = None
 
-    def call(self, name: str, keys: list[str], args: list[object]) -> list[Any]:
-        receipt = self.keys.receipt(uuid.uuid4().hex)
-        keys = [*keys, receipt]
+    def call(self, name: str, keys: list[str], args: list[object], *,
+             receipt: bool = True) -> list[Any]:
+        """Send script *name* until N replicas hold what it did; with *receipt*, under a
+        receipt key (the script wrapped by ``_receipt.lua``), else the script must answer
+        a resend of the same arguments as it answered the first send."""
+        receipt_key = self.keys.receipt(uuid.uuid4().hex) if receipt else ""
+        if receipt:
+            keys = [*keys, receipt_key]
         may_be_applied = False  # a send whose outcome is unknown went out before
         wait_ms = max(1, int(self.policy.timeout_s * 1000))
         lost_since: float | None = None
@@ -92,7 +102,8 @@ class DurableCalls:
             if done:
                 pipe.unlink(*done)
             resent = "1" if may_be_applied else "0"
-            self.scripts.queue(pipe, name, keys, [*args, resent, RECEIPT_LIFETIME_S])
+            self.scripts.queue(pipe, name, keys,
+                               [*args, resent, RECEIPT_LIFETIME_S] if receipt else args)
             pipe.execute_command("WAIT", self.policy.replicas, wait_ms)
             try:
                 *_, reply, acked = pipe.execute(raise_on_error=False)
@@ -125,8 +136,8 @@ class DurableCalls:
                 raise LedgerError(f"WAIT failed: {acked} (the ACL must allow WAIT)")
             self.last_acked = int(acked)
             if self.last_acked >= self.policy.replicas:
-                if reply and reply[0] not in NO_CHANGE:
-                    self._done.append(receipt)
+                if receipt and reply and reply[0] not in NO_CHANGE:
+                    self._done.append(receipt_key)
                 return list(reply)
             self._say(f"{name} held: {self.last_acked} of farm.redis_wait_replicas = "
                       f"{self.policy.replicas} replicas acknowledged it within "

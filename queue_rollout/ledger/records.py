@@ -63,6 +63,9 @@ class AttemptRecord(msgspec.Struct, frozen=True):
     cause: str | None = None
     resolution: str | None = None
     ended_at: float | None = None
+    v: int | None = None  # the policy version it started under
+    call: str | None = None  # the id of the start or finish call that last changed it
+    completed: bool | None = None  # its result completed the group
 
 
 class BatchRecord(msgspec.Struct, frozen=True):

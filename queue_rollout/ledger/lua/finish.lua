@@ -23,7 +23,11 @@
 --           was over limits.max_result_bytes); ignored for "finished"
 -- ARGV[8] = context tokens the replica computed (prefill), over the episode's calls
 -- ARGV[9] = context tokens it found in its prefix cache
+-- ARGV[10] = this call's id (fresh per call, the same when the call is sent again;
+--           '' when calls are not resent: nothing is kept)
 -- Returns {'recorded', 'group_complete' | ''} | {'ignored', reason}
+-- The call sent again after it was applied (its answer lost, or a replica short when
+-- the farm waits for replicas) answers what it answered then and changes nothing.
 
 local counters = KEYS[1]
 local now, aid = tonumber(ARGV[1]), ARGV[2]
@@ -35,6 +39,7 @@ local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
 if tonumber(ARGV[3]) ~= a.m then return ignored(counters, 'member mismatch') end
 if a.state == 'finished' or a.state == 'failed' then
+  if a.call == ARGV[10] then return {'recorded', a.completed and 'group_complete' or ''} end
   return ignored(counters, 'duplicate result')
 end
 if a.state ~= 'running' and a.state ~= 'doubtful' then
@@ -45,7 +50,7 @@ local g = get_json(KEYS[3], a.g)
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 a.state = outcome
 a.ended_at = now
-put_json(KEYS[2], aid, a)
+if ARGV[10] ~= '' then a.call = ARGV[10] end
 redis.call('HSET', KEYS[4], episode_field(a.g, a.m), ARGV[6])
 bump(counters, 'output_tokens', tonumber(ARGV[5]))
 if tonumber(ARGV[8]) > 0 then bump(counters, 'prefill:computed', tonumber(ARGV[8])) end
@@ -53,7 +58,6 @@ if tonumber(ARGV[9]) > 0 then bump(counters, 'prefill:cached', tonumber(ARGV[9])
 if outcome == 'failed' then bump(counters, 'failed:' .. ARGV[7], 1) end
 if a.started_at then observe(KEYS[8], 'episode_s', now - a.started_at) end
 local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
-if episode_terminal(k, now, g, outcome) then
-  return {'recorded', 'group_complete'}
-end
-return {'recorded', ''}
+if episode_terminal(k, now, g, outcome) then a.completed = true end
+put_json(KEYS[2], aid, a)
+return {'recorded', a.completed and 'group_complete' or ''}

@@ -12,15 +12,23 @@
 -- ARGV[4] = replica (engine URL or name)
 -- ARGV[5] = replica boot id
 -- ARGV[6] = lease length (seconds)
+-- ARGV[7] = this call's id (fresh per call, the same when the call is sent again;
+--          '' when calls are not resent: nothing is kept)
 -- Returns {'started', gid, member, attempt number, prompt JSON or '', policy version}
 --       | {'ignored', reason}
 -- (the prompt and the version come along so the worker needs no more round trips)
+-- The call sent again after it was applied (its answer lost, or a replica short when
+-- the farm waits for replicas) answers 'started' again, with the version it started
+-- under, and changes nothing; any other second start of a running attempt is refused.
 
 local counters = KEYS[1]
 local now, aid = tonumber(ARGV[1]), ARGV[2]
 local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
 if a.state == 'running' and a.worker == ARGV[3] and a.boot == ARGV[5] then
+  if a.call == ARGV[7] then
+    return {'started', a.g, a.m, a.n, redis.call('HGET', KEYS[4], a.g) or '', a.v}
+  end
   return ignored(counters, 'duplicate start')
 end
 -- Only an episode's current attempt can be queued: retry.lua ends the old attempt
@@ -33,9 +41,9 @@ a.started_at = now
 a.lease = now + tonumber(ARGV[6])
 a.seq = 0
 a.tokens = 0
+if ARGV[7] ~= '' then a.call = ARGV[7] end
+a.v = tonumber(redis.call('HGET', KEYS[5], 'version') or '0')
 put_json(KEYS[2], aid, a)
 redis.call('ZADD', KEYS[3], a.lease, aid)
 bump(counters, 'running', 1)
-local prompt = redis.call('HGET', KEYS[4], a.g) or ''
-local version = redis.call('HGET', KEYS[5], 'version') or '0'
-return {'started', a.g, a.m, a.n, prompt, version}
+return {'started', a.g, a.m, a.n, redis.call('HGET', KEYS[4], a.g) or '', a.v}

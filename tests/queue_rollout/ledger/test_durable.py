@@ -72,9 +72,9 @@ def test_a_change_returns_once_the_replica_holds_it_and_leaves_no_receipt(
         assert replica.hget(Keys("d").groups, admission.group_id) is not None
     finally:
         replica.close()
+    assert len(list(primary.scan_iter(match=Keys("d").receipt("*")))) == 1  # the admission's
     ledger.start(admission.attempt_ids[0], "w", "r", "b", 30)  # deletes earlier receipts
-    receipts = list(primary.scan_iter(match=Keys("d").receipt("*")))
-    assert len(receipts) == 1  # only the latest call's, deleted with the next
+    assert list(primary.scan_iter(match=Keys("d").receipt("*"))) == []  # start needs none
 
 
 def test_the_same_call_sent_again_is_applied_once_with_the_first_answer(
@@ -146,7 +146,7 @@ def test_answers_that_change_nothing_leave_no_receipt_and_renewals_never_wait(
     ledger.submit(trivial_prompts(1))
     admission = ledger.admit()
     ledger.start(admission.attempt_ids[0], "w", "r", "b", 30)
-    primary.delete(*primary.scan_iter(match=Keys("d").receipt("*")))
+    assert list(primary.scan_iter(match=Keys("d").receipt("*"))) == []  # start's own
     assert ledger.admit().status == "empty" and ledger.pop_batch("t") is None
     assert list(primary.scan_iter(match=Keys("d").receipt("*"))) == []
     pair.replica.kill()  # a lease renewal goes through without any replica
@@ -181,3 +181,45 @@ def test_a_lost_answer_then_a_server_without_the_scripts_still_applies_once(
     assert admission.status == "admitted"
     counters = ledger.counters()
     assert counters["admitted"] == 1 and counters["reserved"] == 2
+
+
+@pytest.mark.parametrize("lost", ["start", "finish"])
+def test_an_episodes_calls_sent_again_answer_as_first_with_no_receipt_key(
+        primary: redis.Redis, monkeypatch: pytest.MonkeyPatch, lost: str) -> None:
+    """start and finish keep their receipt in the attempt record: the same call sent
+    again answers what it answered first; another call is refused as a duplicate."""
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(1))
+    ledger.set_version(3)
+    admission = ledger.admit()
+    aid = admission.attempt_ids[0]
+    if lost == "finish":
+        ledger.start(aid, "w", "r", "b", 30)
+    assert ledger.durable is not None
+    ledger.durable.scripts.load(lost)
+    real = redis.client.Pipeline.execute
+    calls = []
+
+    def lose_first_answer(self: redis.client.Pipeline, raise_on_error: bool = True) -> object:
+        result = real(self, raise_on_error=raise_on_error)
+        calls.append(result)
+        if len(calls) == 1:
+            raise redis.ConnectionError("connection lost after the script ran")
+        return result
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", lose_first_answer)
+    if lost == "start":
+        answer = ledger.start(aid, "w", "r", "b", 30)
+        monkeypatch.undo()
+        assert (answer.status, answer.version, answer.prompt) == ("started", 3, b'{"prompt": "x"}')
+        assert ledger.counters()["running"] == 1
+        assert ledger.start(aid, "w", "r", "b", 30).reason == "duplicate start"
+    else:
+        answer = ledger.finish(aid, 0, b"r", output_tokens=5)
+        monkeypatch.undo()
+        assert answer.status == "recorded"
+        counters = ledger.counters()
+        assert counters["finished"] == 1 and counters["output_tokens"] == 5
+        assert ledger.finish(aid, 0, b"r", output_tokens=5).reason == "duplicate result"
+    assert len(calls) == 2 and calls[0][-2] == calls[1][-2]  # answered alike, twice
+    assert list(primary.scan_iter(match=Keys("d").receipt("*"))) == []
