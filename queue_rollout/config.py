@@ -33,7 +33,7 @@ PluginRef = Annotated[str, msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_]\
 
 #: The workflows built into the workers (queue_rollout.workers.workflows); any other
 #: ``workflow.name`` is a plugin, ``package.module:factory``.
-BUILT_IN_WORKFLOWS = ("controlled_length", "math", "noop")
+BUILT_IN_WORKFLOWS = ("controlled_length", "controlled_turns", "math", "noop")
 
 
 def load_reference(ref: str, key: str) -> object:
@@ -165,6 +165,7 @@ class CollectorConfig(_Section):
 class LimitsConfig(_Section):
     max_prompt_bytes: PosInt = 1_048_576
     max_result_bytes: PosInt = 16_777_216
+    max_turns: PosInt = 256
 
 
 class MetricsConfig(_Section):

@@ -81,9 +81,9 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "acceptance.plugin": ("`package.module:function(group)`: True, or a reason string to "
                           "reject.",
                           "`package.module:function(group)`：返回 True，或拒绝原因字符串。"),
-    "workflow.name": ("Episode workflow: `controlled_length`, `math`, `noop` or "
-                      "`package.module:factory`.",
-                      "episode 工作流：`controlled_length`、`math`、`noop` 或 "
+    "workflow.name": ("Episode workflow: `controlled_length`, `controlled_turns`, `math`, "
+                      "`noop` or `package.module:factory`.",
+                      "episode 工作流：`controlled_length`、`controlled_turns`、`math`、`noop` 或 "
                       "`package.module:factory`。"),
     "workflow.seed": ("Run seed; an episode's sampling seed derives from (seed, prompt id, "
                       "member).", "运行种子；episode 的采样种子由 (seed, 提示 id, 成员) 派生。"),
@@ -154,6 +154,10 @@ MEANINGS: dict[str, tuple[str, str]] = {
                                 "可接受的最大提示（JSON 字节数）。"),
     "limits.max_result_bytes": ("Largest episode result; a larger one fails its episode.",
                                 "最大 episode 结果；超过则该 episode 失败。"),
+    "limits.max_turns": ("Most turns of one member in a prompt's `member_turns` "
+                         "(`controlled_turns`); a longer member refuses the prompt.",
+                         "提示的 `member_turns` 中一个成员的最多轮数（`controlled_turns`）；"
+                         "超过则拒绝该提示。"),
     "metrics.host": ("Address the metrics endpoint binds.", "指标端点绑定的地址。"),
     "metrics.port": ("Port of `/metrics` and `/healthz`.", "`/metrics` 与 `/healthz` 的端口。"),
 }

@@ -26,6 +26,7 @@ class EpisodeResult(msgspec.Struct, forbid_unknown_fields=True):
     error: str = ""
     prompt_tokens: NonNegInt = 0  # context tokens the replica was sent, over every call
     cached_tokens: NonNegInt = 0  # of those, found in its prefix cache (not computed)
+    turn_lengths: list[NonNegInt] = msgspec.field(default_factory=list)  # tokens per call
 
     def versions(self) -> list[int]:
         """The policy version of each output token."""

@@ -53,10 +53,10 @@ def write_up_farm(path: Path, name: str, state: Path, *, rollout: str, slots: in
 
 
 @contextlib.contextmanager
-def farm_up(toml: Path) -> Iterator[str]:
-    """`queue-rollout up` in the background, yielding the line it announces itself
-    with; Ctrl-C at the end must stop it cleanly."""
-    up = subprocess.Popen([cli_exe(), "up", "-c", str(toml)], stdout=subprocess.PIPE,
+def farm_up(toml: Path, *args: str) -> Iterator[str]:
+    """`queue-rollout up` (with *args*) in the background, yielding the line it
+    announces itself with; Ctrl-C at the end must stop it cleanly."""
+    up = subprocess.Popen([cli_exe(), "up", "-c", str(toml), *args], stdout=subprocess.PIPE,
                           text=True)
     try:
         yield up.stdout.readline()
@@ -222,3 +222,42 @@ class SentinelSet:
     def stop(self) -> None:
         for proc in [*self.sentinels, *self.nodes]:
             proc.stop()
+
+
+def write_worker_farm(path: Path, redis_url: str, *, group_size: int, slots: int, lease: int,
+                      extra: str = "") -> Path:
+    """A farm config for :class:`WorkerFarm`: B = 1, room for every group at once."""
+    path.write_text(
+        f'[farm]\nname = "e2e"\nredis_url = "{redis_url}"\n'
+        f"[rollout]\ngroup_size = {group_size}\nbatch_size = 1\n"
+        f"max_concurrent_samples = {max(group_size, 8)}\nmax_staleness = 1000\n"
+        f"[engine]\nslots_per_replica = {slots}\n"
+        f"[timeouts]\nshutdown_grace = 2\nlease = {lease}\n{extra}")
+    return path
+
+
+class WorkerFarm:
+    """Simulated replicas in this process and one `queue-rollout worker` each; the test
+    plays the collector (admission, outbox, reconciler)."""
+
+    def __init__(self, stack: contextlib.ExitStack, toml: Path, replicas: int,
+                 step_ms: float) -> None:
+        from queue_rollout.config import load_config
+        from queue_rollout.engines.sim_server import ThreadedSimEngine
+
+        self.config = load_config(toml)
+        self.engines = [stack.enter_context(ThreadedSimEngine(slots=4, step_ms=step_ms))
+                        for _ in range(replicas)]
+        self.procs = [subprocess.Popen([cli_exe(), "worker", "--gpu", str(i), "--engine-url",
+                                        e.url, "-c", str(toml)], stdout=subprocess.PIPE,
+                                       text=True)
+                      for i, e in enumerate(self.engines)]
+        stack.callback(self.stop)
+        for p in self.procs:
+            assert p.stdout is not None and "episode slots" in p.stdout.readline()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            assert p.wait(60) == 0

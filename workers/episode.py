@@ -43,7 +43,7 @@ from queue_rollout.engines.sglang import (
 )
 from queue_rollout.engines.sim_server import prompt_params
 from queue_rollout.errors import RedisUnavailable
-from queue_rollout.ledger.core import Answer, Ledger
+from queue_rollout.ledger.core import Answer, Ledger, Renewal
 from queue_rollout.results import EpisodeResult, encode_result
 from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow, episode_seed
 
@@ -52,6 +52,12 @@ T = TypeVar("T")
 
 #: The runner of the worker process executing the current RQ job (see run_attempt).
 CURRENT_RUNNER: ContextVar[AttemptRunner] = ContextVar("queue_rollout_runner")
+
+
+def turn_rid(aid: str, turn: int) -> str:
+    """The rid of a multi-turn episode's request for *turn* (1, 2, ...; the first turn's
+    is the attempt id): zero-padded, so no turn's rid is a prefix of another's."""
+    return f"{aid}-t{turn:03d}"
 
 
 class AttemptStopped(Exception):
@@ -67,6 +73,7 @@ class _Live:
     tokens: int = 0
     version: int | None = None  # the policy version read when the attempt started
     seq: int = 0
+    tool: bool = False  # waiting on a tool between turns
     next_beat: float = 0.0  # monotonic time of the next lease renewal
     superseded: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -96,6 +103,15 @@ class LeaseKeeper:
                 self._thread.start()
         self._wake.set()
 
+    def record(self, live: _Live) -> None:
+        """Renew *live* now, so the ledger holds its rid and tool wait before the
+        episode goes on (the resolver probes the rid it recorded)."""
+        with self._lock:
+            if live.done.is_set():
+                return
+            live.next_beat = time.monotonic() + self.lease_s / 3
+            self._renew([live])
+
     def remove(self, live: _Live) -> None:
         """The attempt ended: no renewal of it starts after this returns (one in
         progress is waited for, so the episode never reports mid-renewal)."""
@@ -124,7 +140,8 @@ class LeaseKeeper:
             live.seq += 1
         try:
             answers = self.ledger.renew(self.worker_id, self.lease_s,
-                                        [(x.aid, x.seq, x.tokens) for x in batch])
+                                        [Renewal(x.aid, x.seq, x.tokens, x.rid, x.tool)
+                                         for x in batch])
         except RedisUnavailable as exc:
             log.warning("lease renewal of %d attempts failed: %s", len(batch), exc)
             return
@@ -222,6 +239,7 @@ class AttemptRunner:
             sampling=self.config.workflow.sampling.params(),
             generate_call=lambda turn, ids, text, params: self._generate(
                 live, turn, ids, text, params),
+            tool_wait=lambda seconds: self._tool_wait(live, seconds),
             engine_params=prompt_params(prompt) if self.config.engine.kind == "sim" else {},
         )
         try:
@@ -252,7 +270,7 @@ class AttemptRunner:
                   text: str | None, params: dict[str, Any]
                   ) -> tuple[Generation, list[tuple[int, int]]]:
         """One workflow call, resumed across pause-aborts (partial rollout)."""
-        base = live.aid if turn == 0 else f"{live.aid}-t{turn}"
+        base = live.aid if turn == 0 else turn_rid(live.aid, turn)
         ids: list[int] = []
         logprobs: list[float] = []
         texts: list[str] = []
@@ -260,9 +278,12 @@ class AttemptRunner:
         budget = int(params.get("max_new_tokens", 128))
         piece = prompt_tokens = cached_tokens = 0
         while True:
+            rid = base if piece == 0 else f"{base}-r{piece}"
+            if rid != live.rid or live.tool:  # the ledger knows it before it is sent
+                live.rid, live.tool = rid, False
+                self.lease.record(live)
             if self._stopping(live):
                 raise AttemptStopped
-            live.rid = base if piece == 0 else f"{base}-r{piece}"
             if live.version is not None:  # read with the start: no round trip
                 version, live.version = live.version, None
             else:
@@ -298,6 +319,17 @@ class AttemptRunner:
                             meta_info=gen.meta_info, cached_tokens=cached_tokens)
         return merged, runs
 
+    def _tool_wait(self, live: _Live, seconds: float) -> None:
+        """A tool runs: the slot is held for *seconds*, nothing generates; the ledger
+        says so (``status``: tool waits). A stop ends the wait."""
+        live.tool = True
+        self.lease.record(live)
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stopping(live):
+                raise AttemptStopped
+            self.sleep(min(left, 0.2))
+
     def _wait_unpaused(self, live: _Live) -> None:
         while self.ledger.paused():
             if self._stopping(live):
@@ -329,7 +361,8 @@ class AttemptRunner:
             member=member, output_ids=ctx.output_ids, logprobs=ctx.logprobs,
             version_runs=ctx.version_runs, finish_reason=ctx.finish_reason or outcome,
             reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error,
-            prompt_tokens=ctx.prompt_tokens, cached_tokens=ctx.cached_tokens)
+            prompt_tokens=ctx.prompt_tokens, cached_tokens=ctx.cached_tokens,
+            turn_lengths=ctx.turn_lengths)
         blob = encode_result(result)
         cap = self.config.limits.max_result_bytes
         reason: Literal["workflow", "oversized"] = "workflow"
@@ -339,12 +372,13 @@ class AttemptRunner:
             outcome = "failed"
             blob = encode_result(EpisodeResult(member=member, output_ids=[], logprobs=[],
                                                version_runs=[], finish_reason="oversized",
-                                               turns=ctx.turns, error=error))
+                                               turns=ctx.turns, error=error))  # no lengths
         answer: Answer = self._until_answered(
             f"finish {aid}", lambda: self.ledger.finish(
                 aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome,
                 reason=reason, prefill_computed=ctx.prompt_tokens - ctx.cached_tokens,
-                prefill_cached=ctx.cached_tokens))
+                prefill_cached=ctx.cached_tokens, turns=ctx.turns,
+                tool_seconds=ctx.tool_seconds))
         if answer.ignored:
             log.info("attempt %s: result ignored (%s)", aid, answer.reason)
             return "ignored"
@@ -357,7 +391,7 @@ class AttemptRunner:
         log.warning("attempt %s: doubtful (%s): %s", aid, cause, why)
         self._until_answered(f"doubt {aid}", lambda: self.ledger.mark_doubtful(aid, cause))
         try:
-            stopped = self.client.confirm_stopped(live.rid)
+            stopped = self.client.confirm_stopped(live.rid, abort=live.aid)
         except EngineError as exc:
             log.warning("attempt %s: replica cannot confirm the stop now: %s", aid, exc)
             return "doubtful"
@@ -368,7 +402,7 @@ class AttemptRunner:
 
     def _hand_back(self, live: _Live, cause: str) -> str:
         try:
-            stopped = self.client.confirm_stopped(live.rid)
+            stopped = self.client.confirm_stopped(live.rid, abort=live.aid)
         except EngineError as exc:
             log.warning("attempt %s: stop not confirmed: %s", live.aid, exc)
             stopped = False

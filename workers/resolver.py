@@ -4,8 +4,10 @@ The collector's reconciler only *marks* doubt; the replica usually listens on it
 node's loopback, so the worker bound to it settles its doubtful attempts: a changed
 boot id proves the attempt's request died with the old process (``replica_restart``);
 otherwise (and always when the replica has no known boot id, as a plain SGLang server
-started by hand) the rid is aborted and then probed with ``max_new_tokens = 0``, and a probe
-that is not refused as a duplicate proves the request is gone. Either way the attempt
+started by hand) every request of the attempt is aborted (by its id: SGLang aborts by rid
+prefix), then the rid the ledger recorded in flight (a multi-turn episode's later turn)
+is probed with ``max_new_tokens = 0``, and a probe that is not refused as a duplicate
+proves the request is gone. Either way the attempt
 is retried with the same seed. An attempt of the current boot doubtful for less than
 ``min_age`` seconds is left alone, so a worker that is alive can still report it
 (``progress`` revives it); one of an earlier boot is settled at once, since its request
@@ -42,7 +44,8 @@ def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_
             outcome[aid] = f"replica restarted: {answer.status}"
         else:
             try:
-                stopped = client.confirm_stopped(aid)
+                # every turn aborted by the attempt id; the recorded turn's rid probed
+                stopped = client.confirm_stopped(attempt.rid or aid, abort=aid)
             except EngineError as exc:
                 log.warning("doubt %s: replica unreachable: %s", aid, exc)
                 outcome[aid] = "unreachable"

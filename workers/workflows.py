@@ -6,9 +6,11 @@ rid, the episode's seed and the pause handling, and records every output token w
 its policy version. The workflow returns the reward (or None).
 
 Built in: ``controlled_length`` (member m produces exactly ``member_lengths[m]`` tokens,
-``ignore_eos``; the count is checked), ``noop`` (no model call: the control plane
-alone, for the benchmark) and ``math`` (reward 1 when the final answer,
-from the last ``\\boxed{}`` or else the last number, equals the prompt's ``answer``).
+``ignore_eos``; the count is checked), ``controlled_turns`` (member m runs the turns of
+``member_turns[m]``: exact generated tokens, a tool wait holding the slot, tool output
+appended to the context), ``noop`` (no model call: the control plane alone, for the
+benchmark) and ``math`` (reward 1 when the final answer, from the last ``\\boxed{}`` or
+else the last number, equals the prompt's ``answer``).
 Any other name is a plugin, ``package.module:factory``; ``factory(config)`` returns an
 object with ``run(ctx) -> float | None``.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +67,10 @@ class EpisodeContext:
     turns: int = 0
     prompt_tokens: int = 0  # context tokens sent, over every call (the replica's count)
     cached_tokens: int = 0  # of those, found in the replica's prefix cache
+    turn_lengths: list[int] = field(default_factory=list)  # output tokens of each call
+    tool_seconds: list[float] = field(default_factory=list)  # each tool wait
+    #: how a tool wait holds the slot (the worker's: recorded in the ledger, stoppable)
+    tool_wait: Callable[[float], None] = field(default=time.sleep, repr=False)
 
     def generate(self, *, input_ids: list[int] | None = None, text: str | None = None,
                  **sampling_overrides: Any) -> Generation:
@@ -82,7 +89,15 @@ class EpisodeContext:
         self.finish_reason = str(gen.finish_reason.get("type", ""))
         self.prompt_tokens += gen.prompt_tokens or 0
         self.cached_tokens += gen.cached_tokens
+        self.turn_lengths.append(len(gen.output_ids))
         return gen
+
+    def tool(self, seconds: float) -> None:
+        """A tool runs for *seconds* between turns: the episode keeps its slot and
+        nothing generates."""
+        if seconds > 0:
+            self.tool_wait(seconds)
+            self.tool_seconds.append(seconds)
 
 
 class Workflow(Protocol):
@@ -108,6 +123,62 @@ class ControlledLength:
         if gen.completion_tokens != want or len(ctx.output_ids) != want:
             raise EpisodeFailed(f"produced {len(ctx.output_ids)} tokens, expected {want}")
         return None
+
+
+#: Filler for a tool's output in a text prompt: 4 bytes, one simulated token.
+TOOL_TEXT = " ok."
+
+
+class ControlledTurns:
+    """Member m runs the turns of ``member_turns[m]`` (see :func:`member_spec`): each
+    generates exactly ``gen`` tokens (``ignore_eos``) from the whole context so far,
+    then holds the slot ``tool_s`` seconds and appends ``tool_tokens`` of tool output.
+    A member marked ``harness_error`` runs its turns and finishes with reward 0 and
+    finish reason ``harness_error``; otherwise its ``reward`` (default none)."""
+
+    def run(self, ctx: EpisodeContext) -> float | None:
+        turns, harness_error, reward = member_spec(ctx.prompt, ctx.member)
+        ids = list(ctx.prompt["input_ids"]) if "input_ids" in ctx.prompt else None
+        text = None if ids is not None else str(ctx.prompt.get("prompt", ""))
+        for turn in turns:
+            want = int(turn["gen"])
+            gen = (ctx.generate(input_ids=ids, max_new_tokens=want, ignore_eos=True)
+                   if ids is not None else
+                   ctx.generate(text=text, max_new_tokens=want, ignore_eos=True))
+            if len(gen.output_ids) != want:
+                raise EpisodeFailed(f"turn {ctx.turns}: produced {len(gen.output_ids)} "
+                                    f"tokens, expected {want}")
+            ctx.tool(float(turn.get("tool_s", 0)))
+            tool_tokens = int(turn.get("tool_tokens", 0))
+            if ids is not None:
+                ids += gen.output_ids + tool_output(ctx.seed, ctx.turns, tool_tokens)
+            else:
+                text = (text or "") + gen.text + TOOL_TEXT * tool_tokens
+        if harness_error:
+            ctx.finish_reason = "harness_error"
+            return 0.0
+        return reward
+
+
+def member_spec(prompt: dict[str, Any], member: int
+                ) -> tuple[list[dict[str, Any]], bool, float | None]:
+    """Member *member*'s (turns, harness_error, reward) from ``member_turns``: an entry
+    is a list of turns, or ``{"turns": [...], "harness_error": bool, "reward": x}``."""
+    entries = prompt.get("member_turns")
+    if not isinstance(entries, list) or member >= len(entries):
+        raise EpisodeFailed(f"prompt {prompt.get('id')!r} has no member_turns[{member}]")
+    entry = entries[member]
+    if isinstance(entry, list):
+        return entry, False, None
+    reward = entry.get("reward")
+    return entry["turns"], bool(entry.get("harness_error", False)), (
+        None if reward is None else float(reward))
+
+
+def tool_output(seed: int, turn: int, n: int) -> list[int]:
+    """*n* token ids of a tool's output after *turn* (deterministic, like the rest)."""
+    step, first = episode_seed(seed, "tool", turn) >> 32 | 1, episode_seed(seed, "out", turn)
+    return [100 + (first + step * i) % 30_000 for i in range(n)]
 
 
 _BOXED = re.compile(r"\\boxed\{")
@@ -158,6 +229,7 @@ class NoOp:
 
 BUILT_IN: dict[str, Callable[[Config], Workflow]] = {
     "controlled_length": lambda config: ControlledLength(),
+    "controlled_turns": lambda config: ControlledTurns(),
     "math": lambda config: Math(),
     "noop": lambda config: NoOp(),
 }

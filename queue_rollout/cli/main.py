@@ -145,9 +145,12 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_up(config: Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from queue_rollout.launch.up import run_up
 
-    return run_up(config)
+    return run_up(config, request_log_dir=Path(args.request_log_dir)
+                  if args.request_log_dir else None)
 
 
 def _cmd_collector(config: Config, args: argparse.Namespace) -> int:
@@ -164,7 +167,8 @@ def _cmd_consume(config: Config, args: argparse.Namespace) -> int:
         batch = client.get_batch(timeout=args.timeout)
         groups: list[dict[str, Any]] = [{"id": g.id, "members": [
             {"member": m.member, "output_tokens": len(m.output_ids), "reward": m.reward,
-             "finish_reason": m.finish_reason, "versions": sorted(set(m.versions))}
+             "finish_reason": m.finish_reason, "versions": sorted(set(m.versions)),
+             "turn_lengths": m.turn_lengths}
             for m in g.members]} for g in batch.groups]
         client.ack(batch)
         if not args.no_version_bump:
@@ -215,7 +219,8 @@ def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     # The whole file is validated before Redis is touched; the submit script then
     # checks every id against the farm before it writes anything.
     prompts = read_numbered(args.file, group_size=config.rollout.group_size,
-                            max_bytes=config.limits.max_prompt_bytes)
+                            max_bytes=config.limits.max_prompt_bytes,
+                            max_turns=config.limits.max_turns)
     ledger = Ledger.from_config(connect_config(config), config)
     answer = ledger.submit((pid, raw) for _, pid, raw in prompts)
     if answer.status == "duplicate":
@@ -293,8 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=6,
                    help="--virtual: batches trained on before the drain (default 6)")
 
-    add("up", _cmd_up, "a whole local farm in the foreground (embedded Redis, sim replicas, "
-        "workers, collector) until Ctrl-C")
+    p = add("up", _cmd_up, "a whole local farm in the foreground (embedded Redis, sim "
+            "replicas, workers, collector) until Ctrl-C")
+    p.add_argument("--request-log-dir", metavar="DIR",
+                   help="sim replicas: each appends one JSON line per request to "
+                        "DIR/replica-<i>.jsonl (rid, tokens, prompt and cached tokens)")
 
     add("collector", _cmd_collector,
         "the collector: admission, outbox, group judgement, reconciler (leader-elected)")

@@ -1,9 +1,10 @@
 """Prompts: JSON Lines, one object per line.
 
 Each object has ``id`` (a non-empty string, unique), ``prompt`` (a string) or
-``input_ids`` (a list of ints), optionally ``answer``, ``p_correct`` and
-``member_lengths`` (G positive ints); any other field is kept for the workflow. A bad
-line is refused with its line number, and nothing is submitted.
+``input_ids`` (a list of ints), optionally ``answer``, ``p_correct``,
+``member_lengths`` (G positive ints) and ``member_turns`` (G members' turns, see
+:func:`check_member_turns`); any other field is kept for the workflow. A bad line is
+refused with its line number, and nothing is submitted.
 
 Lines are separated by ``\\n`` (a ``\\r`` before it is dropped), as in JSON Lines:
 U+2028 and other characters ``str.splitlines`` would split on may appear inside a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,10 @@ from queue_rollout.errors import BadInput
 
 #: At most this many known ids are named when the farm refuses a submission.
 SHOWN_IDS = 10
+#: ``limits.max_turns``'s default: turns of one member in ``member_turns``.
+MAX_TURNS = 256
+_TURN_KEYS = frozenset({"gen", "tool_s", "tool_tokens"})
+_MEMBER_KEYS = frozenset({"turns", "harness_error", "reward"})
 
 
 def _is_int(value: object) -> bool:
@@ -46,7 +52,53 @@ def _canonical(obj: dict[str, Any], pid: str, where: str) -> bytes:
     raise BadInput(f"{where}: prompt {pid!r} is not JSON: {why}")
 
 
-def check_prompt(obj: Any, *, group_size: int, max_bytes: int, where: str) -> tuple[str, bytes]:
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_member_turns(value: Any, *, group_size: int, max_turns: int) -> str | None:
+    """What is wrong with a ``member_turns`` field, or None. It holds *group_size*
+    members; a member is a list of 1 to *max_turns* turns, or an object ``{"turns":
+    [...], "harness_error": bool, "reward": number}`` (the last two optional); a turn
+    is ``{"gen": int >= 0, "tool_s": seconds >= 0, "tool_tokens": int >= 0}`` (the last
+    two optional, default 0)."""
+    if not isinstance(value, list) or len(value) != group_size:
+        return f"`member_turns` must hold rollout.group_size = {group_size} members"
+    for m, member in enumerate(value):
+        where = f"`member_turns[{m}]`"
+        turns = member
+        if isinstance(member, dict):
+            unknown = sorted(set(member) - _MEMBER_KEYS)
+            if unknown:
+                return f"{where}: unknown key {unknown[0]!r} (turns, harness_error, reward)"
+            turns = member.get("turns")
+            if not isinstance(member.get("harness_error", False), bool):
+                return f"{where}: `harness_error` must be true or false"
+            reward = member.get("reward")
+            if reward is not None and not (_is_number(reward) and math.isfinite(reward)):
+                return f"{where}: `reward` must be a finite number"
+        if not isinstance(turns, list) or not turns:
+            return f"{where} must be a non-empty list of turns (or an object with `turns`)"
+        if len(turns) > max_turns:
+            return f"{where} has {len(turns)} turns, over limits.max_turns = {max_turns}"
+        for t, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                return f"{where} turn {t}: a turn must be an object"
+            unknown = sorted(set(turn) - _TURN_KEYS)
+            if unknown:
+                return f"{where} turn {t}: unknown key {unknown[0]!r} (gen, tool_s, tool_tokens)"
+            if not (_is_int(turn.get("gen")) and turn["gen"] >= 0):
+                return f"{where} turn {t}: `gen` must be an int >= 0"
+            tool_s = turn.get("tool_s", 0)
+            if not (_is_number(tool_s) and math.isfinite(tool_s) and tool_s >= 0):
+                return f"{where} turn {t}: `tool_s` must be a finite number of seconds >= 0"
+            if not (_is_int(turn.get("tool_tokens", 0)) and turn.get("tool_tokens", 0) >= 0):
+                return f"{where} turn {t}: `tool_tokens` must be an int >= 0"
+    return None
+
+
+def check_prompt(obj: Any, *, group_size: int, max_bytes: int, where: str,
+                 max_turns: int = MAX_TURNS) -> tuple[str, bytes]:
     """Validate one prompt object; returns (id, canonical JSON bytes)."""
     if not isinstance(obj, dict):
         raise BadInput(f"{where}: a prompt must be a JSON object")
@@ -70,6 +122,11 @@ def check_prompt(obj: Any, *, group_size: int, max_bytes: int, where: str) -> tu
                            f"rollout.group_size = {group_size} ints")
         if not all(_is_int(n) and n > 0 for n in lengths):
             raise BadInput(f"{where}: prompt {pid!r}: `member_lengths` entries must be ints > 0")
+    if "member_turns" in obj:
+        problem = check_member_turns(obj["member_turns"], group_size=group_size,
+                                     max_turns=max_turns)
+        if problem is not None:
+            raise BadInput(f"{where}: prompt {pid!r}: {problem}")
     if "p_correct" in obj and not (isinstance(obj["p_correct"], (int, float))
                                    and not isinstance(obj["p_correct"], bool)
                                    and 0 <= obj["p_correct"] <= 1):
@@ -86,7 +143,8 @@ def _is_blank(line: str) -> bool:
 
 
 def parse_numbered(lines: Iterable[str], *, group_size: int, max_bytes: int,
-                   source: str = "prompts") -> list[tuple[int, str, bytes]]:
+                   source: str = "prompts", max_turns: int = MAX_TURNS
+                   ) -> list[tuple[int, str, bytes]]:
     """Parse JSON Lines into (line number, id, prompt JSON); blank lines are skipped;
     duplicate ids are refused. Every refusal starts ``source:LINE:``."""
     out: list[tuple[int, str, bytes]] = []
@@ -103,7 +161,8 @@ def parse_numbered(lines: Iterable[str], *, group_size: int, max_bytes: int,
             raise BadInput(f"{where}: not valid JSON: a number has too many digits") from None
         except RecursionError:
             raise BadInput(f"{where}: not valid JSON: nested too deeply") from None
-        pid, raw = check_prompt(obj, group_size=group_size, max_bytes=max_bytes, where=where)
+        pid, raw = check_prompt(obj, group_size=group_size, max_bytes=max_bytes, where=where,
+                                max_turns=max_turns)
         if pid in seen:
             raise BadInput(f"{where}: duplicate id {pid!r} (first on line {seen[pid]})")
         seen[pid] = number
@@ -124,8 +183,8 @@ def split_lines(text: str) -> Iterator[str]:
         yield line[:-1] if line.endswith("\r") else line
 
 
-def read_numbered(path: str | Path, *, group_size: int,
-                  max_bytes: int) -> list[tuple[int, str, bytes]]:
+def read_numbered(path: str | Path, *, group_size: int, max_bytes: int,
+                  max_turns: int = MAX_TURNS) -> list[tuple[int, str, bytes]]:
     """Read and validate a prompt file: (line number, id, prompt JSON), all or none."""
     p = Path(path)
     try:
@@ -142,7 +201,7 @@ def read_numbered(path: str | Path, *, group_size: int,
         raise BadInput(f"{p}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
                        f"at byte {column} of the line)") from None
     return parse_numbered(split_lines(text), group_size=group_size, max_bytes=max_bytes,
-                          source=str(p))
+                          source=str(p), max_turns=max_turns)
 
 
 def read_file(path: str | Path, *, group_size: int, max_bytes: int) -> list[tuple[str, bytes]]:

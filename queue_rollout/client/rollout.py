@@ -25,7 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,6 +58,7 @@ class Member:
     reward: float | None
     finish_reason: str
     error: str = ""
+    turn_lengths: list[int] = field(default_factory=list)  # output tokens of each turn
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,10 @@ class RolloutClient:
         seen: dict[str, str] = {}  # id -> where it was given
         for i, prompt in enumerate(prompts):
             where = f"prompt #{i}"
+            limits = self.config.limits
             pid, raw = check_prompt(prompt, group_size=self.config.rollout.group_size,
-                                    max_bytes=self.config.limits.max_prompt_bytes, where=where)
+                                    max_bytes=limits.max_prompt_bytes, where=where,
+                                    max_turns=limits.max_turns)
             if pid in seen:
                 raise BadInput(f"{where}: duplicate id {pid!r} (first as {seen[pid]})")
             seen[pid] = where
@@ -178,7 +181,7 @@ class RolloutClient:
                 members.append(Member(m, [], [], [], None, "failed", str(exc)))
                 continue
             members.append(Member(m, r.output_ids, r.logprobs, r.versions(), r.reward,
-                                  r.finish_reason, r.error))
+                                  r.finish_reason, r.error, r.turn_lengths))
         return Group(group_id, json.loads(prompt) if prompt else {}, members)
 
     def ack(self, batch: Batch) -> None:

@@ -77,6 +77,8 @@ class LedgerCollector:
         yield gauge("sample_slots_reserved", "Episode slots reserved.", c.get("reserved", 0))
         yield gauge("active_episodes", "Running attempts.", c.get("running", 0))
         yield gauge("doubtful_attempts", "Attempts in doubt (slot kept).", c.get("doubtful", 0))
+        yield gauge("tool_waits", "Running attempts waiting on a tool between turns (slot "
+                    "kept, nothing generating).", c.get("tool_wait", 0))
         yield gauge("partial_groups", "Admitted groups with some members ended.",
                     c.get("partial", 0))
         yield gauge("policy_version", "The policy version.", int(version or 0))
@@ -94,6 +96,8 @@ class LedgerCollector:
         yield counter("groups_accepted", "Groups accepted.", c.get("accepted", 0))
         yield counter("groups_consumed", "Groups consumed by trainers.", c.get("consumed", 0))
         yield counter("output_tokens", "Output tokens recorded.", c.get("output_tokens", 0))
+        yield counter("turns", "Turns (requests to a replica) of recorded episodes.",
+                      c.get("turns", 0))
         yield labelled("prefill_tokens", "Context tokens of recorded episodes the replicas "
                        "computed, or found in their prefix cache.", "kind",
                        ("computed", "cached"), "prefill")
@@ -132,6 +136,10 @@ class FarmMetrics:
         self.staleness = Histogram(
             P + "consumed_group_staleness", "Policy versions between admission and consumption.",
             registry=self.registry, buckets=(0, 1, 2, 3, 4, 6, 8, 16, float("inf")))
+        self.tool_wait = Histogram(
+            P + "tool_wait_seconds", "Each tool wait between turns of a recorded episode.",
+            registry=self.registry,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf")))
         # start from now: earlier observations belong to an earlier exporter's histograms
         last = ledger.client.xrevrange(ledger.keys.observations, count=1)
         self._last_id = last[0][0].decode() if last else "0-0"
@@ -156,6 +164,8 @@ class FarmMetrics:
                     self.batch_interval.observe(value)
                 elif kind == b"staleness":
                     self.staleness.observe(value)
+                elif kind == b"tool_s":
+                    self.tool_wait.observe(value)
 
     def exposition(self) -> bytes:
         self.poll_observations()

@@ -139,11 +139,12 @@ class SGLangClient:
         """Ask the replica to abort *rid*. Always 200 on SGLang: confirms nothing."""
         self._control("POST", "/abort_request", {"rid": rid})
 
-    def confirm_stopped(self, rid: str) -> bool:
-        """Abort, then probe with the same rid and ``max_new_tokens = 0``: True when the
-        probe is accepted (the rid is no longer in flight), False when it is refused as
-        a duplicate. Raises EngineError when the replica cannot be asked."""
-        self.abort(rid)
+    def confirm_stopped(self, rid: str, *, abort: str | None = None) -> bool:
+        """Abort (*abort*: an rid prefix, e.g. the attempt id for every turn; default
+        *rid*), then probe with *rid* and ``max_new_tokens = 0``: True when the probe is
+        accepted (the rid is no longer in flight), False when it is refused as a
+        duplicate. Raises EngineError when the replica cannot be asked."""
+        self.abort(rid if abort is None else abort)
         try:
             self.generate(rid, input_ids=[0], sampling_params={"max_new_tokens": 0},
                           return_logprob=False, timeout=self.timeout)

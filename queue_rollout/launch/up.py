@@ -72,12 +72,14 @@ class LocalFarm:
     ``engine.urls`` for SGLang, simulated ones started here for ``sim``, or the
     *engine_urls* given (replicas someone else runs, e.g. shared by benchmark runs).
     With *log_dir*, every child's log goes to a file there (``worker-<i>.log``,
-    ``replica-<i>.log``, ``collector.log``) instead of this process's stderr."""
+    ``replica-<i>.log``, ``collector.log``) instead of this process's stderr; with
+    *request_log_dir*, each simulated replica appends its requests there."""
 
     config: Config
     config_path: Path
     engine_urls: list[str] | None = None
     log_dir: Path | None = None
+    request_log_dir: Path | None = None
     redis: EmbeddedRedis | None = None
     engines: list[Supervised] = field(default_factory=list)
     workers: list[Supervised] = field(default_factory=list)
@@ -119,7 +121,10 @@ class LocalFarm:
                 raise ConfigError("engine.urls: `up` with engine.kind = \"sglang\" needs the "
                                   "replicas' URLs (or use `queue-rollout node`)")
             return list(e.urls)
+        if self.request_log_dir is not None:
+            self.request_log_dir.mkdir(parents=True, exist_ok=True)
         self.engines, urls = start_sim_engines(self.config, self.config_path,
+                                               request_log_dir=self.request_log_dir,
                                                log_dir=self.log_dir)
         return urls
 
@@ -157,12 +162,14 @@ class LocalFarm:
             self.redis.stop()
 
 
-def run_up(config: Config, *, stop: threading.Event | None = None) -> int:
+def run_up(config: Config, *, stop: threading.Event | None = None,
+           request_log_dir: Path | None = None) -> int:
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    farm = LocalFarm(config, Path(config.farm.state_dir) / "up.toml")
+    farm = LocalFarm(config, Path(config.farm.state_dir) / "up.toml",
+                     request_log_dir=request_log_dir)
     url = farm.start()
     try:
         farm.wait_ready(stop)

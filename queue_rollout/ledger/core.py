@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -58,6 +58,19 @@ class Answer:
     @property
     def ignored(self) -> bool:
         return self.status == "ignored"
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """What a lease renewal reports for one attempt: its sequence number (growing),
+    output tokens so far, the rid of its request in flight (its attempt id, or a later
+    turn's or piece's) and whether it waits on a tool."""
+
+    aid: str
+    seq: int
+    tokens: int = 0
+    rid: str = ""
+    tool: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,18 +197,19 @@ class Ledger:
                          prompt or None, int(reply[5]))
         return Start("ignored", _s(reply[1]))
 
-    def progress(self, aid: str, worker: str, seq: int, lease_s: float, tokens: int = 0) -> Answer:
+    def progress(self, aid: str, worker: str, seq: int, lease_s: float, tokens: int = 0,
+                 *, rid: str = "", tool: bool = False) -> Answer:
         """Heartbeat: renew the lease; *seq* must grow per attempt."""
-        return self.renew(worker, lease_s, [(aid, seq, tokens)])[0]
+        return self.renew(worker, lease_s, [Renewal(aid, seq, tokens, rid, tool)])[0]
 
-    def renew(self, worker: str, lease_s: float,
-              attempts: list[tuple[str, int, int]]) -> list[Answer]:
-        """Heartbeat of several attempts of *worker* in one call: each (attempt id,
-        sequence number, tokens so far) renewed for *lease_s*; one answer each."""
+    def renew(self, worker: str, lease_s: float, attempts: list[Renewal]) -> list[Answer]:
+        """Heartbeat of several attempts of *worker* in one call, each renewed for
+        *lease_s* with what it reports (:class:`Renewal`); one answer each."""
         k = self.keys
         args: list[object] = [worker, repr(float(lease_s))]
-        for aid, seq, tokens in attempts:
-            args += [aid, seq, tokens]
+        for r in attempts:
+            args += [r.aid, r.seq, r.tokens, "" if r.rid == r.aid else r.rid,
+                     "1" if r.tool else "0"]
         reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt], *args)
         return [Answer(_s(status), reason=_s(reason) if _s(status) == "ignored" else "")
                 for status, reason in zip(reply[::2], reply[1::2], strict=True)]
@@ -204,19 +218,23 @@ class Ledger:
         self, aid: str, member: int, result: bytes, *, output_tokens: int = 0,
         outcome: Literal["finished", "failed"] = "finished",
         reason: Literal["workflow", "oversized"] = "workflow",
-        prefill_computed: int = 0, prefill_cached: int = 0,
+        prefill_computed: int = 0, prefill_cached: int = 0, turns: int = 1,
+        tool_seconds: Sequence[float] = (),
     ) -> Answer:
         """Record an attempt's result; ``recorded`` (``group_complete`` when it ended the
         group's last member) or ``ignored`` with the reason. A failed episode is counted
         by *reason* (``failed:<reason>``); its context tokens the replica computed and
-        found cached are added to ``prefill:computed`` and ``prefill:cached``."""
+        found cached are added to ``prefill:computed`` and ``prefill:cached``, its
+        *turns* (requests to the replica) to ``turns``; each of its *tool_seconds* is
+        an observation of the tool-wait histogram."""
         k = self.keys
         return self._answer(
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
              k.observations],
             aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
-            max(0, prefill_cached), self._call_id(),
+            max(0, prefill_cached), self._call_id(), max(0, turns),
+            ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds),
         )
 
     def mark_doubtful(self, aid: str, cause: str) -> Answer:

@@ -71,10 +71,13 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     ended = Counter[str]()  # group id -> members whose current attempt ended
     current = Counter[tuple[str, int]]()  # (group id, member) -> attempts not superseded
     ended_members: set[str] = set()  # episode fields whose current attempt ended
+    tool_wait = 0  # running attempts waiting on a tool
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
         if a.state in live:
             live[a.state].add(aid.decode())
+        if a.state == "running" and a.tool:
+            tool_wait += 1
         if a.state not in SUPERSEDED:
             current[(a.g, a.m)] += 1
         if a.state in ENDED:
@@ -85,6 +88,7 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
         "reserved": sum(g.slots_held for g in groups.values()),
         "running": len(live["running"]),
         "doubtful": len(live["doubtful"]),
+        "tool_wait": tool_wait,
         "in_flight": states["in_flight"] + states["complete"],
         "accepted": states["accepted"] + states["delivered"] + states["consumed"],
         "rejected": states["rejected"],

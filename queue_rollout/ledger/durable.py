@@ -8,10 +8,11 @@ call is then sent again with the same receipt key (``_receipt.lua``): if the cha
 there, the script answers what it answered the first time and changes nothing; if a
 failover lost it, it is applied now. ``start`` and ``finish``, an episode's two calls,
 keep their receipt in the attempt's own record instead (the call's id, sent again
-unchanged), which spares a key written and deleted per call. Only an answer that N replicas acknowledged is
-returned, so while fewer than N replicas are attached the caller holds still and says
-so in its log. A receipt is deleted (in the caller's next pipeline) once its change is
-held; its lifetime only bounds what a caller that died in between leaves behind.
+unchanged), which spares a key written and deleted per call. Only an answer that N
+replicas acknowledged is returned, so while fewer than N replicas are attached the
+caller holds still and says so in its log. A receipt is deleted (in the caller's next
+pipeline) once its change is held; its lifetime only bounds what a caller that died in
+between leaves behind.
 """
 
 from __future__ import annotations

@@ -66,6 +66,8 @@ class AttemptRecord(msgspec.Struct, frozen=True):
     v: int | None = None  # the policy version it started under
     call: str | None = None  # the id of the start or finish call that last changed it
     completed: bool | None = None  # its result completed the group
+    rid: str | None = None  # its request in flight, when not the attempt id
+    tool: bool | None = None  # waiting on a tool (running: counted in tool_wait)
 
 
 class BatchRecord(msgspec.Struct, frozen=True):

@@ -48,6 +48,7 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
         "capacity": capacity,
         "reserved": c.get("reserved", 0),
         "active_episodes": c.get("running", 0),
+        "tool_waits": c.get("tool_wait", 0),
         "doubtful": c.get("doubtful", 0),
         "version": int(state.get("version", 0)),
         "paused": state.get("paused") == "1",
@@ -81,8 +82,9 @@ def format_status(s: dict[str, Any]) -> str:
     return "\n".join([
         f"farm {s['farm']} at {s['redis_url']}  mode={s['mode']}  version={s['version']}"
         + ("  PAUSED" if s["paused"] else ""),
-        f"slots     {s['reserved']}/{s['capacity']} reserved, {s['active_episodes']} running, "
-        f"{s['doubtful']} doubtful",
+        f"slots     {s['reserved']}/{s['capacity']} reserved, {s['active_episodes']} running "
+        f"({s['active_episodes'] - s['tool_waits']} generating, {s['tool_waits']} in a tool "
+        f"wait), {s['doubtful']} doubtful",
         f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
         f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed",
         f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",

@@ -224,7 +224,7 @@ def test_a_timeout_starts_no_second_attempt_while_the_replica_still_runs_the_fir
     config = make_config(timeouts={"request": 1})
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])
     runner = runner_for(ledger, config, slow.url)
-    runner.client.confirm_stopped = lambda rid: False  # the probe is refused: still in flight
+    runner.client.confirm_stopped = lambda rid, abort=None: False  # still in flight
     aid = adm.attempt_ids[0]
     assert runner.run(aid) == "doubtful"
     c = ledger.counters()
@@ -263,7 +263,7 @@ def test_a_plugin_workflow_may_call_generate_several_times(r, fast, tmp_path, mo
     result = decode_result(ledger.result("p", 0), 1 << 20)
     assert (result.turns, len(result.output_ids), result.reward) == (2, 12, 0.5)
     rids = [e["rid"] for e in fast.server.model.log]
-    assert rids == [adm.attempt_ids[0], f"{adm.attempt_ids[0]}-t1"]  # abortable by prefix
+    assert rids == [adm.attempt_ids[0], f"{adm.attempt_ids[0]}-t001"]  # abortable by prefix
 
 
 def test_an_unknown_workflow_is_a_config_error():

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 from contextlib import ExitStack
-from pathlib import Path
 
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
-from queue_rollout.config import load_config
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
@@ -25,40 +20,9 @@ from queue_rollout.ledger.keys import EVENTS_GROUP
 from queue_rollout.ledger.outbox import episode_queue, flush_outbox
 from queue_rollout.results import decode_result
 from queue_rollout.workers.workflows import episode_seed
+from testkit import WorkerFarm as Farm
 from testkit import wait_for
-
-EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
-
-
-
-
-def write_toml(path: Path, redis_url: str, *, group_size: int, slots: int, lease: int) -> Path:
-    path.write_text(
-        f'[farm]\nname = "e2e"\nredis_url = "{redis_url}"\n'
-        f"[rollout]\ngroup_size = {group_size}\nbatch_size = 1\n"
-        f"max_concurrent_samples = {max(group_size, 8)}\nmax_staleness = 1000\n"
-        f"[engine]\nslots_per_replica = {slots}\n"
-        f"[timeouts]\nshutdown_grace = 2\nlease = {lease}\n")
-    return path
-
-
-class Farm:
-    def __init__(self, stack: ExitStack, toml: Path, replicas: int, step_ms: float) -> None:
-        self.config = load_config(toml)
-        self.engines = [stack.enter_context(ThreadedSimEngine(slots=4, step_ms=step_ms))
-                        for _ in range(replicas)]
-        self.procs = [subprocess.Popen([EXE, "worker", "--gpu", str(i), "--engine-url", e.url,
-                                        "-c", str(toml)], stdout=subprocess.PIPE, text=True)
-                      for i, e in enumerate(self.engines)]
-        stack.callback(self.stop)
-        for p in self.procs:
-            assert "episode slots" in p.stdout.readline()
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            assert p.wait(60) == 0
+from testkit import write_worker_farm as write_toml
 
 
 def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(

@@ -7,6 +7,9 @@
 --   groups[gid]    {id, G, mode, state, done, failed, version, admitted_at, aids, ...}
 --                  aids: every attempt id the group ever had, comma-separated
 --   attempts[aid]  {g, m, n, stops, state, worker, replica, boot, lease, seq, ...}
+--                  rid: the request in flight when not the attempt id (a later turn);
+--                  tool: true while a running attempt waits on a tool (counted in
+--                  the tool_wait counter)
 -- Group states:   in_flight -> complete -> accepted -> delivered -> consumed | rejected
 -- Attempt states: queued -> running -> doubtful -> finished | failed | stopped | lost
 -- A member's current attempt is its one attempt not stopped or lost; the member has
@@ -45,6 +48,7 @@ end
 local function leave_live_state(counters, leases, doubt, aid, a)
   if a.state == 'running' then
     bump(counters, 'running', -1)
+    if a.tool then bump(counters, 'tool_wait', -1) end
     redis.call('ZREM', leases, aid)
   elseif a.state == 'doubtful' then
     bump(counters, 'doubtful', -1)

@@ -25,6 +25,8 @@
 -- ARGV[9] = context tokens it found in its prefix cache
 -- ARGV[10] = this call's id (fresh per call, the same when the call is sent again;
 --           '' when calls are not resent: nothing is kept)
+-- ARGV[11] = the episode's turns: its requests to the replica, one per turn
+-- ARGV[12] = the seconds of each of its tool waits, comma-separated ('' for none)
 -- Returns {'recorded', 'group_complete' | ''} | {'ignored', reason}
 -- The call sent again after it was applied (its answer lost, or a replica short when
 -- the farm waits for replicas) answers what it answered then and changes nothing.
@@ -55,6 +57,8 @@ redis.call('HSET', KEYS[4], episode_field(a.g, a.m), ARGV[6])
 bump(counters, 'output_tokens', tonumber(ARGV[5]))
 if tonumber(ARGV[8]) > 0 then bump(counters, 'prefill:computed', tonumber(ARGV[8])) end
 if tonumber(ARGV[9]) > 0 then bump(counters, 'prefill:cached', tonumber(ARGV[9])) end
+bump(counters, 'turns', tonumber(ARGV[11]))
+for seconds in string.gmatch(ARGV[12], '[^,]+') do observe(KEYS[8], 'tool_s', seconds) end
 if outcome == 'failed' then bump(counters, 'failed:' .. ARGV[7], 1) end
 if a.started_at then observe(KEYS[8], 'episode_s', now - a.started_at) end
 local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}

@@ -11,15 +11,17 @@
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = worker id
 -- ARGV[3] = lease length (seconds)
--- ARGV[4 + 3i], ARGV[5 + 3i], ARGV[6 + 3i] = attempt id, its sequence number (> 0,
---            increasing per attempt), its output tokens so far; for i = 0, 1, ...
+-- ARGV[4 + 5i] .. ARGV[8 + 5i] = for i = 0, 1, ...: attempt id, its sequence number
+--            (> 0, increasing per attempt), its output tokens so far, the rid of its
+--            request in flight ('' while that is the attempt id), '1' while it waits
+--            on a tool (the slot held, nothing generating) else '0'
 -- Returns {status_0, reason_0, status_1, reason_1, ...}, one pair per attempt:
 --         'ok' | 'revived' (with '') | 'ignored' with the reason
 
 local counters, attempts, leases, doubt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, worker, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
-local function renew(aid, seq, tokens)
+local function renew(aid, seq, tokens, rid, tool)
   local a = get_json(attempts, aid)
   if not a then return ignored(counters, 'unknown attempt') end
   if a.state ~= 'running' and a.state ~= 'doubtful' then
@@ -27,6 +29,7 @@ local function renew(aid, seq, tokens)
   end
   if a.worker ~= worker then return ignored(counters, 'wrong worker') end
   if seq <= a.seq then return ignored(counters, 'duplicate progress') end
+  local waited = a.state == 'running' and a.tool  -- counted in tool_wait before
   local status = 'ok'
   if a.state == 'doubtful' then
     leave_live_state(counters, leases, doubt, aid, a)
@@ -38,6 +41,10 @@ local function renew(aid, seq, tokens)
   end
   a.seq = seq
   a.tokens = tokens
+  if rid ~= '' then a.rid = rid end
+  if tool == '1' then a.tool = true else a.tool = nil end
+  if a.tool and not waited then bump(counters, 'tool_wait', 1) end
+  if waited and not a.tool then bump(counters, 'tool_wait', -1) end
   a.lease = now + lease
   put_json(attempts, aid, a)
   redis.call('ZADD', leases, a.lease, aid)
@@ -45,8 +52,9 @@ local function renew(aid, seq, tokens)
 end
 
 local out = {}
-for i = 4, #ARGV, 3 do
-  local answer = renew(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+for i = 4, #ARGV, 5 do
+  local answer = renew(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3],
+                       ARGV[i + 4])
   out[#out + 1] = answer[1]
   out[#out + 1] = answer[2]
 end

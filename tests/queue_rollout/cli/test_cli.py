@@ -51,7 +51,8 @@ def test_status_json_has_the_design_shape(tmp_path, redis_url, make_ledger, caps
     assert s["active_episodes"] == 1 and s["groups"]["pending"] == 2
     assert s["groups"]["in_flight"] == 1 and set(s["workers"]) == {"alive", "slots"}
     assert main(["status", "-c", str(path)]) == 0
-    assert "slots     2/6 reserved, 1 running, 0 doubtful" in capsys.readouterr().out
+    assert ("slots     2/6 reserved, 1 running (1 generating, 0 in a tool wait), 0 doubtful"
+            in capsys.readouterr().out)
 
 
 def test_status_without_a_farm_says_how_to_start_one(tmp_path, capsys):

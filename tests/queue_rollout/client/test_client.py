@@ -92,7 +92,7 @@ def test_consume_json_lines_and_version_bump(farm_toml, capsys):
     assert [(b["batch"], b["version"], len(b["groups"])) for b in lines] == [(1, 0, 2), (2, 1, 2)]
     assert lines[0]["groups"][0]["members"][0] == {
         "member": 0, "output_tokens": 3, "reward": 0.0, "finish_reason": "length",
-        "versions": [0]}
+        "versions": [0], "turn_lengths": []}  # a result written without turn lengths
     assert client.version() == 2
     assert main(["consume", "--batches", "1", "--timeout", "0.2", "-c", str(farm_toml)]) == 3
     assert main(["set-version", "7", "-c", str(farm_toml)]) == 0

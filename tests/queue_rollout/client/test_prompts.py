@@ -50,6 +50,41 @@ def test_bad_lines_are_named(line, message):
     assert message in str(info.value) and "prompts:1" in str(info.value)
 
 
+T = '{"gen": 5, "tool_s": 0.5, "tool_tokens": 3}'
+
+
+@pytest.mark.parametrize("turns,message", [
+    (f"[[{T}]]", "`member_turns` must hold rollout.group_size = 2 members"),
+    ("[[], [" + T + "]]", "`member_turns[0]` must be a non-empty list of turns"),
+    (f"[[{T}], [5]]", "`member_turns[1]` turn 0: a turn must be an object"),
+    (f'[[{T}], [{{"gen": -1}}]]', "`member_turns[1]` turn 0: `gen` must be an int >= 0"),
+    (f'[[{T}], [{{"gen": 1.5}}]]', "`gen` must be an int >= 0"),
+    (f'[[{T}], [{{"gen": true}}]]', "`gen` must be an int >= 0"),
+    (f'[[{T}], [{{"tool_s": 1}}]]', "`gen` must be an int >= 0"),
+    (f'[[{T}], [{{"gen": 1, "tool_s": NaN}}]]', "`tool_s` must be a finite number"),
+    (f'[[{T}], [{{"gen": 1, "tool_s": -0.5}}]]', "`tool_s` must be a finite number"),
+    (f'[[{T}], [{{"gen": 1, "tool_tokens": -1}}]]', "`tool_tokens` must be an int >= 0"),
+    (f'[[{T}], [{{"gen": 1, "tools": 1}}]]', "unknown key 'tools'"),
+    (f"[[{T}], [{', '.join([T] * 4)}]]", "has 4 turns, over limits.max_turns = 3"),
+    (f'[[{T}], {{"turns": [{T}], "harness_error": 1}}]', "`harness_error` must be true or"),
+    (f'[[{T}], {{"turns": [{T}], "reward": "x"}}]', "`reward` must be a finite number"),
+    (f'[[{T}], {{"turns": [{T}], "why": 1}}]', "unknown key 'why'"),
+    (f'[[{T}], {{"harness_error": true}}]', "`member_turns[1]` must be a non-empty list"),
+])
+def test_bad_member_turns_are_named(turns, message):
+    line = '{"id": "a", "input_ids": [1, 2], "member_turns": ' + turns + "}"
+    with pytest.raises(BadInput) as info:
+        parse_numbered([line], group_size=2, max_bytes=10_000, max_turns=3)
+    assert message in str(info.value) and "prompts:1: prompt 'a'" in str(info.value)
+
+
+def test_member_turns_as_lists_or_objects_are_kept():
+    line = ('{"id": "a", "input_ids": [1], "member_turns": [[' + T + ', {"gen": 0}], '
+            '{"turns": [' + T + '], "harness_error": true, "reward": 1}]}')
+    [(_, pid, raw)] = parse_numbered([line], group_size=2, max_bytes=10_000, max_turns=3)
+    assert pid == "a" and json.loads(raw)["member_turns"][1]["harness_error"] is True
+
+
 def test_duplicate_ids_in_a_file_name_both_lines():
     with pytest.raises(BadInput, match=r"prompts:3: duplicate id 'a' \(first on line 1\)"):
         parse('{"id": "a", "prompt": "x"}', '{"id": "b", "prompt": "x"}',
@@ -66,6 +101,15 @@ def test_submit_command_enqueues_all_or_nothing(tmp_path, redis_url, r, capsys):
                    '{"id": "d", "prompt": "x", "member_lengths": [1]}\n')
     assert main(["submit", str(bad), "-c", str(toml)]) == 2
     assert f"{bad}:2:" in capsys.readouterr().err
+    turns = [[{"gen": 1}]] * 2
+    long = tmp_path / "long.jsonl"  # one turn over limits.max_turns (2 in this farm)
+    long.write_text(json.dumps({"id": "e", "prompt": "x", "member_turns": turns}) + "\n"
+                    + json.dumps({"id": "f", "prompt": "x",
+                                  "member_turns": [[{"gen": 1}] * 3] * 2}) + "\n")
+    toml.write_text(toml.read_text() + "[limits]\nmax_turns = 2\n")
+    assert main(["submit", str(long), "-c", str(toml)]) == 2
+    assert f"{long}:2: prompt 'f': `member_turns[0]` has 3 turns, over limits.max_turns = 2" \
+        in capsys.readouterr().err
     assert main(["submit", str(good), "-c", str(toml)]) == 0
     assert "submitted 2 prompts" in capsys.readouterr().out
     again = tmp_path / "again.jsonl"
@@ -87,12 +131,17 @@ scalars = (st.none() | st.booleans() | st.integers(-3, 6) | st.integers() | st.f
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                       | st.dictionaries(text, inner, max_size=3), max_leaves=8)
 ids = st.sampled_from(["a", "b", "c"]) | text.filter(bool)
+turn = st.fixed_dictionaries({"gen": st.integers(0, 9)}, optional={
+    "tool_s": st.floats(0, 5), "tool_tokens": st.integers(0, 9)})
 optional = {"answer": values, "extra": values, "p_correct": st.floats(0, 1),
-            "member_lengths": st.lists(st.integers(1, 3), min_size=2, max_size=2)}
+            "member_lengths": st.lists(st.integers(1, 3), min_size=2, max_size=2),
+            "member_turns": st.lists(st.lists(turn, min_size=1, max_size=3), min_size=2,
+                                     max_size=2)}
 good_objects = (st.fixed_dictionaries({"id": ids, "prompt": text}, optional=optional)
                 | st.fixed_dictionaries({"id": ids, "input_ids": st.lists(
                     st.integers(0, 9), min_size=1, max_size=3)}, optional=optional))
-FIELDS = ["id", "prompt", "input_ids", "member_lengths", "p_correct", "answer"]
+FIELDS = ["id", "prompt", "input_ids", "member_lengths", "member_turns", "p_correct",
+          "answer"]
 mutated = st.tuples(good_objects, st.sampled_from(FIELDS), values | st.just(None)).map(
     lambda v: {**v[0], v[1]: v[2]} if v[2] is not None else
     {k: x for k, x in v[0].items() if k != v[1]})

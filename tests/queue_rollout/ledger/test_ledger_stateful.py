@@ -107,6 +107,7 @@ class MAttempt:
     tokens: int | None = None
     lease: float | None = None
     doubt_at: float | None = None
+    tool: bool = False  # its last renewal said it waits on a tool
 
 
 @dataclass
@@ -245,6 +246,8 @@ class LedgerMachine(RuleBasedStateMachine):
         return {
             "reserved": sum(e.held for e in live),
             "running": len(self.running()),
+            "tool_wait": len(self._attempts_where(lambda a, e: a.state == "running"
+                                                  and a.tool)),
             "doubtful": len(self.doubtful()),
             "in_flight": len(self.groups_in("in_flight", "complete")),
         }
@@ -391,21 +394,24 @@ class LedgerMachine(RuleBasedStateMachine):
         ans = led.start(aid, worker, "rep", boot, LEASE_S)
         assert (ans.status, ans.group_id, ans.member, ans.attempt_number) == (
             "started", a.gid, a.m, a.n), ans
-        a.state, a.worker, a.boot = "running", worker, boot
+        a.state, a.worker, a.boot, a.tool = "running", worker, boot, False
         a.seq, a.tokens, a.lease = 0, 0, self.clock.now + LEASE_S
         self.cov["started"] += 1
 
-    def do_progress(self, aid: str, worker: str, seq: int, tokens: int) -> None:
+    def do_progress(self, aid: str, worker: str, seq: int, tokens: int,
+                    tool: bool = False) -> None:
         led = self.ledger
         pred = self.predict_progress(aid, worker, seq)
+        rid = f"{aid}-t{seq:03d}"  # a later turn's request in flight
         if pred == "ignored":
             self.expect_ignored(
-                "progress", lambda: led.progress(aid, worker, seq, LEASE_S, tokens))
+                "progress", lambda: led.progress(aid, worker, seq, LEASE_S, tokens, rid=rid,
+                                                 tool=tool))
             return
-        ans = led.progress(aid, worker, seq, LEASE_S, tokens)
+        ans = led.progress(aid, worker, seq, LEASE_S, tokens, rid=rid, tool=tool)
         assert ans == Answer(pred), ans
         a = self.attempts[aid]
-        a.state, a.doubt_at = "running", None
+        a.state, a.doubt_at, a.tool = "running", None, tool
         a.seq, a.tokens, a.lease = seq, tokens, self.clock.now + LEASE_S
         self.cov[f"progress:{pred}"] += 1
 
@@ -426,6 +432,7 @@ class LedgerMachine(RuleBasedStateMachine):
         e = self._ep(a)
         e.result = payload
         self.c["output_tokens"] += tokens
+        self.c["turns"] += 1  # Ledger.finish's default: one request
         complete = self.episode_terminal(e, outcome)
         if outcome == "failed":
             self.c["failed:workflow"] += 1  # finish's reason (the Ledger.finish default)
@@ -613,7 +620,8 @@ class LedgerMachine(RuleBasedStateMachine):
             elif data.draw(st.sampled_from(["finish", "progress"]), label="report") == "finish":
                 self.do_finish(aid, a.m, outcome, tokens)
             else:
-                self.do_progress(aid, a.worker, a.seq + data.draw(st.integers(1, 3)), tokens)
+                self.do_progress(aid, a.worker, a.seq + data.draw(st.integers(1, 3)), tokens,
+                                 tool=data.draw(st.booleans(), label="tool"))
 
     @precondition(lambda self: self.live())
     @rule(data=st.data())
