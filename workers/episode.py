@@ -40,6 +40,7 @@ from queue_rollout.engines.sglang import (
     GenerateUncertain,
     Generation,
     SGLangClient,
+    turn_rid,
 )
 from queue_rollout.engines.sim_server import prompt_params
 from queue_rollout.errors import RedisUnavailable
@@ -52,12 +53,6 @@ T = TypeVar("T")
 
 #: The runner of the worker process executing the current RQ job (see run_attempt).
 CURRENT_RUNNER: ContextVar[AttemptRunner] = ContextVar("queue_rollout_runner")
-
-
-def turn_rid(aid: str, turn: int) -> str:
-    """The rid of a multi-turn episode's request for *turn* (1, 2, ...; the first turn's
-    is the attempt id): zero-padded, so no turn's rid is a prefix of another's."""
-    return f"{aid}-t{turn:03d}"
 
 
 class AttemptStopped(Exception):
@@ -270,7 +265,7 @@ class AttemptRunner:
                   text: str | None, params: dict[str, Any]
                   ) -> tuple[Generation, list[tuple[int, int]]]:
         """One workflow call, resumed across pause-aborts (partial rollout)."""
-        base = live.aid if turn == 0 else turn_rid(live.aid, turn)
+        base = turn_rid(live.aid, turn)
         ids: list[int] = []
         logprobs: list[float] = []
         texts: list[str] = []

@@ -10,15 +10,24 @@ ready batch, pauses generation (``pause_mode``, in place by default) for ``train
 (the fixed training interval), raises the policy version, and resumes; after
 ``train_batches`` batches the rest is drained (each batch acknowledged and the version
 raised, without a pause).
+
+An episode is one request (``lengths``: its output tokens) or several turns
+(``member_turns``, as the ``controlled_turns`` workflow runs them): each turn's request
+carries the whole context so far; between turns the episode holds its worker's slot
+for the turn's tool time while nothing generates, and the tool's output joins the
+context. A replica's worker runs at most ``slots_per_replica`` episodes, generating or
+waiting on a tool; a request sent to a paused replica waits there, as SGLang holds it.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.virtual.clock import ManualClock
@@ -26,12 +35,18 @@ from queue_rollout.virtual.clock import ManualClock
 _EPS = 1e-9
 
 
+#: One turn of an episode: (output tokens, tool seconds after it, tool output tokens).
+Turn = tuple[int, float, int]
+
+
 @dataclass
 class _Placed:
     group_id: str
     member: int
-    length: int
+    turns: list[Turn]
     replica: int = 0
+    turn: int = 0  # the turn in flight or the one whose tool runs
+    context: list[int] | None = None  # what the next turn's request carries
 
 
 @dataclass
@@ -48,6 +63,7 @@ class SimReport:
     output_tokens: int
     retractions: int = 0  # requests the replicas retracted (KV memory ran out)
     prefill_tokens: int = 0  # context tokens the replicas computed (recomputation included)
+    mean_in_flight: float = 0.0  # episodes holding a slot (tool waits too), time-averaged
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -69,7 +85,8 @@ class SimFarm:
     """Runs one admission mode over a prompt manifest to the end; see :meth:`run`."""
 
     def __init__(
-        self, ledger: Ledger, clock: ManualClock, lengths: dict[str, list[int]], *,
+        self, ledger: Ledger, clock: ManualClock, lengths: dict[str, list[int]] | None = None,
+        *, member_turns: dict[str, list[list[Turn]]] | None = None,
         replicas: int, slots_per_replica: int, step_ms: float, step_ms_per_request: float,
         train_s: float, train_batches: int, capacity_slots: int | None = None,
         prompt_tokens: dict[str, int] | None = None,
@@ -77,14 +94,20 @@ class SimFarm:
         max_total_tokens: int = 220_000, pause_mode: PauseMode = "in_place",
         on_progress: Callable[[SimFarm], None] | None = None,
     ) -> None:
-        """*prompt_tokens*: each group's prompt length (default 1 token); the prefill and
+        """The episodes: *lengths* (each member one request of that many output tokens)
+        or *member_turns* (each member's turns). *prompt_tokens*: each group's prompt
+        length (default 1 token); the prefill and
         KV settings are the engine model's (``engine.*``); *pause_mode* is how the
         trainer's pauses stop generation (``engine.pause_mode``: with ``abort`` each
         aborted episode is sent again after the pause, prompt + output so far, as the
         worker does)."""
         self.pause_mode = pause_mode
         self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
-        self.ledger, self.clock, self.lengths = ledger, clock, lengths
+        if (lengths is None) == (member_turns is None):
+            raise ValueError("give exactly one of lengths and member_turns")
+        self.turns: dict[str, list[list[Turn]]] = member_turns or {
+            gid: [[(n, 0.0, 0)] for n in members] for gid, members in (lengths or {}).items()}
+        self.ledger, self.clock = ledger, clock
         self.prompt_tokens = prompt_tokens or {}
         self.replicas = [SimModel(slots=slots_per_replica, step_ms=step_ms,
                                   step_ms_per_request=step_ms_per_request, now=clock.now,
@@ -92,8 +115,11 @@ class SimFarm:
                                   chunked_prefill_size=chunked_prefill_size,
                                   max_total_tokens=max_total_tokens)
                          for _ in range(replicas)]
-        self._placed: dict[str, _Placed] = {}  # attempt id -> what runs on a replica
-        self._completed: list[str] = []  # attempt ids whose request completed
+        self._placed: dict[str, _Placed] = {}  # attempt id -> its episode, on a replica
+        self._completed: list[str] = []  # attempt ids whose turn's request completed
+        self._tools: list[tuple[float, str]] = []  # (tool ends, attempt id), a heap
+        self._episodes_on = [0] * replicas  # episodes each replica's worker holds
+        self.slots_per_replica = slots_per_replica
         self.slots = replicas * slots_per_replica
         self.capacity_slots = capacity_slots
         self.train_s, self.train_batches = train_s, train_batches
@@ -105,6 +131,7 @@ class SimFarm:
         self.pause_ends: list[float] = []
         self.output_tokens = 0
         self._active_area = 0.0
+        self._holding_area = 0.0
         self._gen_time = 0.0
         self._training_until: float | None = None
         self._held: str | None = None  # batch id being trained on
@@ -116,21 +143,25 @@ class SimFarm:
     def run(self) -> SimReport:
         ledger = self.ledger
         self._t0 = self.clock.now
-        ledger.submit((gid, b"{}") for gid in self.lengths)
+        ledger.submit((gid, b"{}") for gid in self.turns)
         last_complete = self.clock.now
-        while self.done_groups < len(self.lengths):
+        while self.done_groups < len(self.turns):
             self._admit_and_place()
-            dt = min(r.next_event() for r in self.replicas) - self.clock.now
+            tool = self._tools[0][0] if self._tools else math.inf
             if self._training_until is not None:
-                dt = self._training_until - self.clock.now
-            elif math.isinf(dt):
-                raise RuntimeError(
-                    f"simulation stalled at {self.elapsed:.1f}s: nothing runs, nothing admitted")
+                dt = min(self._training_until, tool) - self.clock.now
+            else:
+                dt = min(tool, *(r.next_event() for r in self.replicas)) - self.clock.now
+                if math.isinf(dt):
+                    raise RuntimeError(f"simulation stalled at {self.elapsed:.1f}s: nothing "
+                                       "runs, nothing admitted")
             finished = self._advance(dt)
             if self._training_until is not None and self.clock.now >= self._training_until - _EPS:
                 self._end_training()
-            for r in finished:
-                if self._finish(r):
+            while self._tools and self._tools[0][0] <= self.clock.now + _EPS:
+                self._next_turn(heapq.heappop(self._tools)[1])
+            for aid in finished:
+                if self._turn_done(aid) and self._finish(aid):
                     last_complete = self.clock.now
             self._deliver()
             if self.on_progress:
@@ -142,6 +173,7 @@ class SimFarm:
             pause_ends=[t - self._t0 for t in self.pause_ends],
             all_work_s=last_complete - self._t0,
             mean_active=self._active_area / self._gen_time if self._gen_time else 0.0,
+            mean_in_flight=self._holding_area / self._gen_time if self._gen_time else 0.0,
             output_tokens=self.output_tokens,
             retractions=sum(r.counters.retracted_requests for r in self.replicas),
             prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
@@ -154,20 +186,48 @@ class SimFarm:
                 break
             self.waiting.extend(admission.attempt_ids)
         while self.waiting and self._training_until is None:
-            i, replica = min(enumerate(self.replicas), key=lambda ir: ir[1].in_flight)
-            if replica.in_flight >= replica.slots:
+            i = min(range(len(self.replicas)),
+                    key=lambda j: (self._episodes_on[j], self.replicas[j].in_flight))
+            if self._episodes_on[i] >= self.slots_per_replica:
                 break
             aid = self.waiting.popleft()
             start = self.ledger.start(aid, f"sim-{i}", f"sim-{i}", "sim-boot", 3600)
             if start.status != "started":
                 raise RuntimeError(f"start {aid}: {start.reason}")
-            length = self.lengths[start.group_id][start.member]
-            self._placed[aid] = _Placed(start.group_id, start.member, length)
-            replica.submit(SimRequest(aid, seed=0, target=length, weight_version="",
-                                      prompt=self._prompt(start.group_id),
-                                      token=_tokens_of(aid).__getitem__,
-                                      on_done=self._on_done))
-            self._placed[aid].replica = i
+            self._placed[aid] = _Placed(start.group_id, start.member,
+                                        self.turns[start.group_id][start.member], replica=i,
+                                        context=list(self._prompt(start.group_id)))
+            self._episodes_on[i] += 1
+            self._send(aid)
+
+    def _send(self, aid: str) -> None:
+        """The request of the episode's current turn, with its whole context."""
+        p = self._placed[aid]
+        rid = turn_rid(aid, p.turn)
+        self.replicas[p.replica].submit(SimRequest(
+            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context or [],
+            token=_tokens_of(rid).__getitem__, on_done=self._on_done))
+
+    def _turn_done(self, aid: str) -> bool:
+        """A turn's request completed: the episode ends, or its tool runs (its slot
+        held), or its next turn is sent at once. Whether the episode ended."""
+        p = self._placed[aid]
+        gen, tool_s, _ = p.turns[p.turn]
+        p.context = [*(p.context or []), *_tokens_of(turn_rid(aid, p.turn))[:gen]]
+        if p.turn + 1 == len(p.turns):
+            return True
+        if tool_s > 0:
+            heapq.heappush(self._tools, (self.clock.now + tool_s, aid))
+        else:
+            self._next_turn(aid)
+        return False
+
+    def _next_turn(self, aid: str) -> None:
+        p = self._placed[aid]
+        tool_tokens = p.turns[p.turn][2]
+        p.context = [*(p.context or []), *_tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]]
+        p.turn += 1
+        self._send(aid)
 
     def _prompt(self, group_id: str) -> range:
         """A group's prompt: token ids of its own (its members share them)."""
@@ -175,9 +235,9 @@ class SimFarm:
 
     def _on_done(self, request: SimRequest, reason: dict[str, object]) -> None:
         if reason["type"] == "abort":  # by a pause in "abort" mode: resumed after it
-            self._aborted.append((self._placed[request.rid].replica, request))
+            self._aborted.append((self._placed[_attempt(request.rid)].replica, request))
             return
-        self._completed.append(request.rid)
+        self._completed.append(_attempt(request.rid))
 
     def _resume_aborted(self) -> None:
         """Each episode a pause aborted, sent again from prompt + output so far (the
@@ -196,6 +256,7 @@ class SimFarm:
         if self._training_until is None:
             running = sum(len(r.running) for r in self.replicas)
             self._active_area += running * dt
+            self._holding_area += len(self._placed) * dt
             self._gen_time += dt
         self.clock.now += dt
         for replica in self.replicas:
@@ -205,10 +266,14 @@ class SimFarm:
 
     def _finish(self, aid: str) -> bool:
         r = self._placed.pop(aid)
-        answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=r.length)
+        self._episodes_on[r.replica] -= 1
+        tokens = sum(t[0] for t in r.turns)
+        answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=tokens,
+                                    turns=len(r.turns),
+                                    tool_seconds=[t[1] for t in r.turns[:-1] if t[1] > 0])
         if answer.status != "recorded":
             raise RuntimeError(f"finish {aid}: {answer.reason}")
-        self.output_tokens += r.length
+        self.output_tokens += tokens
         if not answer.group_complete:
             return False
         verdict = self.ledger.judge(r.group_id, accept=True)
@@ -243,6 +308,10 @@ class SimFarm:
         self.pause_ends.append(self.clock.now)
         self._training_until = None
         self._held = None
+
+
+def _attempt(rid: str) -> str:
+    return rid.split("-t", 1)[0]
 
 
 def _tokens_of(name: str) -> range:

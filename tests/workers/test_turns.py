@@ -15,6 +15,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
+from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import token_ids
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
@@ -24,7 +25,6 @@ from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe
 from queue_rollout.results import decode_result
-from queue_rollout.workers.episode import turn_rid
 from queue_rollout.workers.workflows import episode_seed
 from testkit import WorkerFarm, farm_up, wait_for, write_up_farm, write_worker_farm
 
@@ -94,7 +94,7 @@ def test_32_groups_of_4_three_turn_episodes_each_delivered_once_with_their_turns
             aid = by_seed[episode_seed(0, row["id"], m)]  # the first turn's rid
             context, tool_tokens = len(PROMPT), 0
             for t, turn in enumerate(member_turns(i, m)):
-                e = requests[aid if t == 0 else turn_rid(aid, t)]
+                e = requests[turn_rid(aid, t)]
                 assert e["prompt_tokens"] == context and e["tokens"] == turn["gen"]
                 if t > 0:  # the previous request's prompt and output were cached:
                     # all of this one's context but the tool's output

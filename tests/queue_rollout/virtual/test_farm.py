@@ -55,3 +55,40 @@ def test_retract_recomputes_what_abort_finds_in_the_cache(farms, reports):
     # retract: the outputs running at each pause are computed again
     assert retract > max(in_place, abort) + 2000
     assert reports["retract"].all_work_s > reports["in_place"].all_work_s
+
+
+def test_a_multi_turn_episode_holds_its_slot_through_tool_waits_and_reuses_its_context(r):
+    """One episode alone: its time is each turn's prefill and decode plus its tool
+    waits; each later turn computes only the tool's output (the rest is cached)."""
+    clock = ManualClock()
+    ledger = Ledger(r, "turns", RolloutConfig(group_size=1, batch_size=1,
+                                              max_concurrent_samples=1), clock=clock)
+    turns = [(100, 2.0, 50), (200, 1.0, 30), (50, 0.0, 0)]
+    sim = SimFarm(ledger, clock, member_turns={"agent": [turns]}, replicas=1,
+                  slots_per_replica=1, step_ms=4.5, step_ms_per_request=0.2, train_s=1.0,
+                  train_batches=0, prompt_tokens={"agent": 1000},
+                  prefill_tokens_per_s=20_000.0)
+    report = sim.run()
+    step = (4.5 + 0.2) / 1000
+    expected = (1000 + 50 + 30) / 20_000 + 350 * step + 3.0
+    assert report.all_work_s == pytest.approx(expected, abs=1e-9)
+    assert report.output_tokens == 350 and report.prefill_tokens == 1080
+    [replica] = sim.replicas
+    assert [(e["prompt_tokens"], e["cached_tokens"]) for e in replica.log] == [
+        (1000, 0), (1150, 1100), (1380, 1350)]
+    assert ledger.counters()["turns"] == 3
+    # the slot was held through the tool waits: in flight all along, generating less
+    assert report.mean_in_flight == pytest.approx(1.0)
+    assert report.mean_active == pytest.approx((expected - 3.0 - 0.054) / expected, abs=0.01)
+
+
+def test_a_second_episode_waits_for_the_slot_a_tool_wait_holds(r):
+    clock = ManualClock()
+    ledger = Ledger(r, "turns2", RolloutConfig(group_size=2, batch_size=1,
+                                               max_concurrent_samples=2), clock=clock)
+    busy = [(10, 5.0, 1), (10, 0.0, 0)]
+    sim = SimFarm(ledger, clock, member_turns={"g": [busy, busy]}, replicas=1,
+                  slots_per_replica=1, step_ms=1.0, step_ms_per_request=0.0, train_s=1.0,
+                  train_batches=0, prefill_tokens_per_s=1e9)
+    report = sim.run()
+    assert report.all_work_s == pytest.approx(2 * (5.0 + 20 * 0.001), abs=1e-6)
