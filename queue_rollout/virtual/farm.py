@@ -93,6 +93,7 @@ class SimFarm:
         prefill_tokens_per_s: float = 20_000.0, chunked_prefill_size: int = 8192,
         max_total_tokens: int = 220_000, pause_mode: PauseMode = "in_place",
         on_progress: Callable[[SimFarm], None] | None = None,
+        stop_after: int | None = None,
     ) -> None:
         """The episodes: *lengths* (each member one request of that many output tokens)
         or *member_turns* (each member's turns). *prompt_tokens*: each group's prompt
@@ -100,7 +101,9 @@ class SimFarm:
         KV settings are the engine model's (``engine.*``); *pause_mode* is how the
         trainer's pauses stop generation (``engine.pause_mode``: with ``abort`` each
         aborted episode is sent again after the pause, prompt + output so far, as the
-        worker does)."""
+        worker does). *stop_after*: end the run once that many batches are ready
+        (rolling consumption with ``train_batches = 0``: every batch consumed at once,
+        the version raised), instead of when every group is done."""
         self.pause_mode = pause_mode
         self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
         if (lengths is None) == (member_turns is None):
@@ -124,6 +127,7 @@ class SimFarm:
         self.capacity_slots = capacity_slots
         self.train_s, self.train_batches = train_s, train_batches
         self.on_progress = on_progress
+        self.stop_after = stop_after
         self.waiting: deque[str] = deque()  # admitted attempts not yet on a replica
         self.done_groups = 0
         self.accepted = self.rejected = 0
@@ -145,7 +149,8 @@ class SimFarm:
         self._t0 = self.clock.now
         ledger.submit((gid, b"{}") for gid in self.turns)
         last_complete = self.clock.now
-        while self.done_groups < len(self.turns):
+        while self.done_groups < len(self.turns) and (
+                self.stop_after is None or len(self.ready_times) < self.stop_after):
             self._admit_and_place()
             tool = self._tools[0][0] if self._tools else math.inf
             if self._training_until is not None:

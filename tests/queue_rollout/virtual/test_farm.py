@@ -92,3 +92,18 @@ def test_a_second_episode_waits_for_the_slot_a_tool_wait_holds(r):
                   train_batches=0, prefill_tokens_per_s=1e9)
     report = sim.run()
     assert report.all_work_s == pytest.approx(2 * (5.0 + 20 * 0.001), abs=1e-6)
+
+
+def test_rolling_consumption_stops_when_the_asked_batch_is_ready(r):
+    clock = ManualClock()
+    ledger = Ledger(r, "rolling", RolloutConfig(group_size=2, batch_size=2,
+                                                max_concurrent_samples=4, max_staleness=1),
+                    clock=clock)
+    lengths = {f"r{i}": [100 * (1 + i % 3), 100] for i in range(12)}
+    sim = SimFarm(ledger, clock, lengths, replicas=1, slots_per_replica=4, step_ms=1.0,
+                  step_ms_per_request=0.0, train_s=1.0, train_batches=0, stop_after=3,
+                  prefill_tokens_per_s=1e9)
+    report = sim.run()
+    assert report.batches == 3 and ledger.version() == 3  # each consumed as it came
+    assert sorted(report.ready_times) == report.ready_times and not report.pause_ends
+    assert 6 <= report.groups_accepted < len(lengths)  # the rest was never waited for
