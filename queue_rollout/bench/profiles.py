@@ -82,7 +82,7 @@ class Scale:
                 "trainer_poll_s": self.trainer_poll_s}
 
 
-def _unit(*parts: object) -> float:
+def unit(*parts: object) -> float:
     """A deterministic number in (0, 1) from *parts*."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "big") + 0.5) / 2**64
@@ -96,7 +96,7 @@ def _group_between(prompts: int, g: int) -> dict[str, list[int]]:
     out = {}
     for i in range(prompts):
         pid = f"gb-{i:04d}"
-        out[pid] = [1024 * 2 ** int(_unit("gb", pid) * 4)] * g
+        out[pid] = [1024 * 2 ** int(unit("gb", pid) * 4)] * g
     return out
 
 
@@ -104,10 +104,10 @@ def _mixed_tail(prompts: int, g: int) -> dict[str, list[int]]:
     out = {}
     for i in range(prompts):
         pid = f"mt-{i:04d}"
-        median = 1024 * 2 ** int(_unit("mt", pid) * 3)
+        median = 1024 * 2 ** int(unit("mt", pid) * 3)
         lengths = []
         for m in range(g):
-            u1, u2 = _unit("mt1", pid, m), _unit("mt2", pid, m)
+            u1, u2 = unit("mt1", pid, m), unit("mt2", pid, m)
             z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
             lengths.append(min(16384, max(256, round(median * math.exp(0.8 * z)))))
         out[pid] = lengths
