@@ -125,6 +125,7 @@ class SimRequest:
     _held: Node | None = None  # the cache path it holds
     _admitted: bool = False  # admitted before (a re-admission's cache hit is not counted)
     _outputs: list[int] = field(default_factory=list, repr=False)
+    _context: tuple[int, list[int]] | None = field(default=None, repr=False)
 
     @property
     def tokens(self) -> int:
@@ -139,7 +140,12 @@ class SimRequest:
         return self._outputs[:n]
 
     def context(self) -> list[int]:
-        return [*self.prompt, *self.output(self.tokens)]
+        """Prompt and output so far (kept while the output does not grow: a request
+        waiting for admission is looked at again and again)."""
+        n = self.tokens
+        if self._context is None or self._context[0] != n:
+            self._context = (n, [*self.prompt, *self.output(n)])
+        return self._context[1]
 
 
 @dataclass

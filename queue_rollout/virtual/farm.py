@@ -138,6 +138,8 @@ class SimFarm:
         self._holding_area = 0.0
         self._gen_time = 0.0
         self._training_until: float | None = None
+        self._admissible = True  # something changed that may let the ledger admit
+        self._deliverable = False  # a group was accepted since the last batch was asked
         self._held: str | None = None  # batch id being trained on
 
     @property
@@ -185,9 +187,12 @@ class SimFarm:
         )
 
     def _admit_and_place(self) -> None:
-        while True:
+        # the ledger admits again only after a finish, a judgement, a consumed batch or
+        # a resume: asking in between would be refused the same way
+        while self._admissible:
             admission = self.ledger.admit(self.capacity_slots)
             if admission.status != "admitted":
+                self._admissible = False
                 break
             self.waiting.extend(admission.attempt_ids)
         while self.waiting and self._training_until is None:
@@ -210,7 +215,7 @@ class SimFarm:
         p = self._placed[aid]
         rid = turn_rid(aid, p.turn)
         self.replicas[p.replica].submit(SimRequest(
-            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context or [],
+            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context or (),
             token=_tokens_of(rid).__getitem__, on_done=self._on_done))
 
     def _turn_done(self, aid: str) -> bool:
@@ -218,7 +223,9 @@ class SimFarm:
         held), or its next turn is sent at once. Whether the episode ended."""
         p = self._placed[aid]
         gen, tool_s, _ = p.turns[p.turn]
-        p.context = [*(p.context or []), *_tokens_of(turn_rid(aid, p.turn))[:gen]]
+        # in place: the request that carried it has ended
+        assert p.context is not None
+        p.context += _tokens_of(turn_rid(aid, p.turn))[:gen]
         if p.turn + 1 == len(p.turns):
             return True
         if tool_s > 0:
@@ -230,7 +237,8 @@ class SimFarm:
     def _next_turn(self, aid: str) -> None:
         p = self._placed[aid]
         tool_tokens = p.turns[p.turn][2]
-        p.context = [*(p.context or []), *_tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]]
+        assert p.context is not None
+        p.context += _tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]
         p.turn += 1
         self._send(aid)
 
@@ -272,6 +280,7 @@ class SimFarm:
     def _finish(self, aid: str) -> bool:
         r = self._placed.pop(aid)
         self._episodes_on[r.replica] -= 1
+        self._admissible = True
         tokens = sum(t[0] for t in r.turns)
         answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=tokens,
                                     turns=len(r.turns),
@@ -283,12 +292,14 @@ class SimFarm:
             return False
         verdict = self.ledger.judge(r.group_id, accept=True)
         self.accepted += verdict.status == "accepted"
+        self._deliverable |= verdict.status == "accepted"
         self.done_groups += 1
         return True
 
     def _deliver(self) -> None:
-        if self._training_until is not None:
+        if self._training_until is not None or not self._deliverable:
             return
+        self._deliverable = False
         while (delivery := self.ledger.pop_batch("trainer")) is not None:
             self.ready_times.append(self.clock.now)
             if len(self.ready_times) <= self.train_batches:
@@ -297,16 +308,19 @@ class SimFarm:
                 self.ledger.set_paused(True)
                 for replica in self.replicas:
                     replica.pause(self.pause_mode)
+                self._deliverable = True  # another batch may be ready after the pause
                 return
             # the drain: consumed without a pause, the version still raised (the budget grows)
             self.ledger.ack("trainer", delivery.batch.id)
             self.ledger.set_version(self.ledger.version() + 1)
+            self._admissible = True
 
     def _end_training(self) -> None:
         assert self._held is not None
         self.ledger.ack("trainer", self._held)
         self.ledger.set_version(self.ledger.version() + 1)
         self.ledger.set_paused(False)
+        self._admissible = True
         for replica in self.replicas:
             replica.resume()
         self._resume_aborted()
