@@ -23,8 +23,9 @@ SGLang's scheduler does (read from SGLang 0.5.x's ``scheduler.py``,
 - **KV memory.** ``max_total_tokens`` holds the cache and the running requests'
   tokens. A waiting request is admitted, in arrival order, only while
   ``extend + min(max_new, clip)`` fits in free + evictable tokens less what running
-  requests may still need (``min(max_new - produced, clip) * new_token_ratio``); a
-  refusal blocks admission until a request ends (SGLang's ``batch_is_full``).
+  requests may still need (``min(max_new - produced, clip) * new_token_ratio``),
+  checked again once its cached prefix is held (no longer evictable); a refusal blocks
+  admission until a request ends (SGLang's ``batch_is_full``).
   ``new_token_ratio`` starts at 0.7, decays per decode step to 0.098 over 600 steps,
   is re-estimated after a retraction and reset when the replica is idle.
 - **Retraction.** When the next decode step does not fit even after evicting the
@@ -295,8 +296,16 @@ class SimModel:
             take = min(extend, chunk_left)
             if take < extend and any(x is self._chunked for x, _ in round_):
                 break  # one chunked request at a time
-            self.waiting.popleft()
+            # its cached prefix is held from now on: no longer evictable, so the check
+            # is made again (SGLang's add_one_req re-checks after inc_lock_ref)
+            evictable = self.cache.evictable
             self.cache.lock(match.node)
+            budget -= evictable - self.cache.evictable
+            if need >= budget:
+                self.cache.unlock(match.node)
+                self._batch_full = True
+                break
+            self.waiting.popleft()
             r._held = match.node
             if not r._admitted:
                 r._admitted = True

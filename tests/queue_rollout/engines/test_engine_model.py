@@ -141,3 +141,20 @@ def test_admission_waits_for_room_as_sglang_estimates_it() -> None:
     m.advance(10.0)
     assert {e["rid"] for e in m.log} == {"a", "b", "c"}
     assert m.counters.retracted_requests == 0
+
+
+def test_a_retracted_request_waits_while_its_held_prefix_would_not_fit() -> None:
+    """Sixteen 13,000-token contexts outgrow a 220,000-token pool as they decode: one is
+    retracted. Its context stays cached and evictable; counted as free room it would be
+    admitted again at once and retracted again, forever. Once held it no longer fits
+    (SGLang re-checks after locking the prefix), so it waits for a request to end."""
+    m = SimModel(slots=16, step_ms=1.0, step_ms_per_request=0.0, prefill_tokens_per_s=1e7)
+    for i in range(16):
+        m.submit(request(f"r{i}", 1000, list(range(i * 10**6, i * 10**6 + 13_000))))
+    events = 0
+    while (t := m.next_event()) != float("inf"):
+        m.advance(t)
+        events += 1
+        assert events < 2_000, f"no progress: {m.counters.retracted_requests} retractions"
+    assert sorted(e["tokens"] for e in m.log) == [1000] * 16
+    assert 1 <= m.counters.retracted_requests <= 3
