@@ -111,21 +111,28 @@ def test_without_the_replica_a_change_holds_until_it_is_back(
     assert counters["admitted"] == 1 and counters["reserved"] == 2
 
 
-def test_an_answer_lost_on_the_way_back_is_sent_again_and_applied_once(
-        primary: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    ledger = _ledger(primary)
-    ledger.submit(trivial_prompts(2))
+def lose_first_answer(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every pipeline runs, but the first one's answer is lost on the way back; the
+    answers, lost or not, are collected in the list returned."""
     real = redis.client.Pipeline.execute
-    calls = []
+    calls: list[object] = []
 
-    def lose_first_answer(self: redis.client.Pipeline, raise_on_error: bool = True) -> object:
+    def execute(self: redis.client.Pipeline, raise_on_error: bool = True) -> object:
         result = real(self, raise_on_error=raise_on_error)
         calls.append(result)
         if len(calls) == 1:
             raise redis.ConnectionError("connection lost after the script ran")
         return result
 
-    monkeypatch.setattr(redis.client.Pipeline, "execute", lose_first_answer)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    return calls
+
+
+def test_an_answer_lost_on_the_way_back_is_sent_again_and_applied_once(
+        primary: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = _ledger(primary)
+    ledger.submit(trivial_prompts(2))
+    calls = lose_first_answer(monkeypatch)
     admission = ledger.admit()
     monkeypatch.undo()
     assert len(calls) == 2 and calls[0][-2] == calls[1][-2]  # the stored answer, again
@@ -197,17 +204,7 @@ def test_an_episodes_calls_sent_again_answer_as_first_with_no_receipt_key(
         ledger.start(aid, "w", "r", "b", 30)
     assert ledger.durable is not None
     ledger.durable.scripts.load(lost)
-    real = redis.client.Pipeline.execute
-    calls = []
-
-    def lose_first_answer(self: redis.client.Pipeline, raise_on_error: bool = True) -> object:
-        result = real(self, raise_on_error=raise_on_error)
-        calls.append(result)
-        if len(calls) == 1:
-            raise redis.ConnectionError("connection lost after the script ran")
-        return result
-
-    monkeypatch.setattr(redis.client.Pipeline, "execute", lose_first_answer)
+    calls = lose_first_answer(monkeypatch)
     if lost == "start":
         answer = ledger.start(aid, "w", "r", "b", 30)
         monkeypatch.undo()
