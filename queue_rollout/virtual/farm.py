@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +80,20 @@ class SimReport:
     @property
     def slot_occupancy(self) -> float:
         return self.mean_active / self.slots
+
+    def steady_groups_per_hour(self, batch_size: int) -> float:
+        """Groups consumed per hour from the first batch ready to the last (the
+        reference's steady window: (N - 1) x B groups over that time)."""
+        if len(self.ready_times) < 2:
+            return math.nan
+        span = self.ready_times[-1] - self.ready_times[0]
+        return (len(self.ready_times) - 1) * batch_size / span * 3600.0
+
+    @property
+    def median_batch_interval(self) -> float:
+        """The median time between successive batches ready."""
+        gaps = [b - a for a, b in zip(self.ready_times, self.ready_times[1:], strict=False)]
+        return statistics.median(gaps) if gaps else math.nan
 
 
 class SimFarm:

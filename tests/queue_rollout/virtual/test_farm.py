@@ -107,3 +107,6 @@ def test_rolling_consumption_stops_when_the_asked_batch_is_ready(r):
     assert report.batches == 3 and ledger.version() == 3  # each consumed as it came
     assert sorted(report.ready_times) == report.ready_times and not report.pause_ends
     assert 6 <= report.groups_accepted < len(lengths)  # the rest was never waited for
+    t = report.ready_times
+    assert report.steady_groups_per_hour(2) == pytest.approx(2 * 2 / (t[2] - t[0]) * 3600)
+    assert report.median_batch_interval == pytest.approx((t[2] - t[0]) / 2)  # of two gaps
