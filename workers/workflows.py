@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from queue_rollout.config import Config, load_reference
 from queue_rollout.engines.sglang import Generation
+from queue_rollout.engines.sim_model import token_ids
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
 
@@ -177,8 +178,7 @@ def member_spec(prompt: dict[str, Any], member: int
 
 def tool_output(seed: int, turn: int, n: int) -> list[int]:
     """*n* token ids of a tool's output after *turn* (deterministic, like the rest)."""
-    step, first = episode_seed(seed, "tool", turn) >> 32 | 1, episode_seed(seed, "out", turn)
-    return [100 + (first + step * i) % 30_000 for i in range(n)]
+    return token_ids(episode_seed(seed, "tool", turn), 0, n)
 
 
 _BOXED = re.compile(r"\\boxed\{")

@@ -26,12 +26,12 @@ PauseMode = Literal["abort", "in_place", "retract"]
 PAUSE_MODES: tuple[PauseMode, ...] = typing.get_args(PauseMode)
 
 
-
 def turn_rid(aid: str, turn: int) -> str:
     """The rid of an episode's request for *turn*: the attempt id for the first (0),
     then ``<aid>-tNNN``, zero-padded so that no turn's rid is a prefix of another's
     (SGLang aborts by rid prefix: the attempt id reaches every turn)."""
     return aid if turn == 0 else f"{aid}-t{turn:03d}"
+
 
 class EngineError(QueueRolloutError):
     """The replica answered an error, or could not be reached for a control call."""

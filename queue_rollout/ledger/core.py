@@ -129,7 +129,7 @@ class Ledger:
     def _call(self, name: str, keys: list[str], *args: object) -> list[Any]:
         full = [repr(self.clock()), *args]
         if self.durable is not None and name not in UNWAITED:
-            return self.durable.call(name, keys, full, receipt=self._scripts.wrapped(name))
+            return self.durable.call(name, keys, full)
         with translate_errors(self._url):
             return self._scripts.call(name, keys, full)
 

@@ -85,11 +85,11 @@ class DurableCalls:
         #: Replicas that acknowledged the latest change this client sent (None: none sent).
         self.last_acked: int | None = None
 
-    def call(self, name: str, keys: list[str], args: list[object], *,
-             receipt: bool = True) -> list[Any]:
-        """Send script *name* until N replicas hold what it did; with *receipt*, under a
-        receipt key (the script wrapped by ``_receipt.lua``), else the script must answer
-        a resend of the same arguments as it answered the first send."""
+    def call(self, name: str, keys: list[str], args: list[object]) -> list[Any]:
+        """Send script *name* until N replicas hold what it did: under a receipt key
+        when the script is wrapped by ``_receipt.lua``, else (``SELF_RECEIPTED``) the
+        script answers a resend of the same arguments as it answered the first send."""
+        receipt = self.scripts.wrapped(name)
         receipt_key = self.keys.receipt(uuid.uuid4().hex) if receipt else ""
         if receipt:
             keys = [*keys, receipt_key]

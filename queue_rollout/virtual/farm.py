@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
@@ -47,7 +47,7 @@ class _Placed:
     turns: list[Turn]
     replica: int = 0
     turn: int = 0  # the turn in flight or the one whose tool runs
-    context: list[int] | None = None  # what the next turn's request carries
+    context: list[int] = field(default_factory=list)  # what the next turn's request carries
 
 
 @dataclass
@@ -230,16 +230,15 @@ class SimFarm:
         p = self._placed[aid]
         rid = turn_rid(aid, p.turn)
         self.replicas[p.replica].submit(SimRequest(
-            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context or (),
+            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context,
             token=_tokens_of(rid).__getitem__, on_done=self._on_done))
 
     def _turn_done(self, aid: str) -> bool:
         """A turn's request completed: the episode ends, or its tool runs (its slot
-        held), or its next turn is sent at once. Whether the episode ended."""
+        held), or its next turn is sent at once. Whether the episode ended. (The context
+        grows in place: the request that carried it has ended.)"""
         p = self._placed[aid]
         gen, tool_s, _ = p.turns[p.turn]
-        # in place: the request that carried it has ended
-        assert p.context is not None
         p.context += _tokens_of(turn_rid(aid, p.turn))[:gen]
         if p.turn + 1 == len(p.turns):
             return True
@@ -252,7 +251,6 @@ class SimFarm:
     def _next_turn(self, aid: str) -> None:
         p = self._placed[aid]
         tool_tokens = p.turns[p.turn][2]
-        assert p.context is not None
         p.context += _tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]
         p.turn += 1
         self._send(aid)

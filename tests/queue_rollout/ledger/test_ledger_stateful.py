@@ -45,6 +45,7 @@ from hypothesis.stateful import (
 )
 
 from queue_rollout.config import RolloutConfig
+from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.ledger.core import Answer, Ledger
 from queue_rollout.ledger.keys import EVENTS_GROUP, episode_field
 from queue_rollout.ledger.records import SUPERSEDED, decode_attempt, decode_batch, decode_group
@@ -402,7 +403,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     tool: bool = False) -> None:
         led = self.ledger
         pred = self.predict_progress(aid, worker, seq)
-        rid = f"{aid}-t{seq:03d}"  # a later turn's request in flight
+        rid = turn_rid(aid, seq)  # a later turn's request in flight
         if pred == "ignored":
             self.expect_ignored(
                 "progress", lambda: led.progress(aid, worker, seq, LEASE_S, tokens, rid=rid,
