@@ -15,13 +15,15 @@ import contextlib
 import multiprocessing as mp
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import redis
 
 from queue_rollout.config import RolloutConfig
-from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.core import Admission, Ledger
 from queue_rollout.ledger.durable import WaitPolicy
 from queue_rollout.ledger.embedded import EmbeddedRedis, replica_of
 
@@ -110,34 +112,70 @@ def _evalsha_us(client: redis.Redis) -> float:
     return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
 
 
+def _inner_us(client: redis.Redis) -> float:
+    """Microseconds spent in the commands scripts ran, per script call."""
+    stats = client.info("commandstats")
+    calls = int(stats["cmdstat_evalsha"]["calls"])
+    inner = sum(int(v["usec"]) for k, v in stats.items()
+                if k not in ("cmdstat_evalsha", "cmdstat_wait", "cmdstat_config|resetstat"))
+    return inner / calls
+
+
+#: Scripts that price one step of a ledger script on the same server: reading a field,
+#: a write (copied into the AOF and the replication stream), an attempt record read,
+#: decoded, encoded and written back as JSON (as the ledger stores it) and as
+#: MessagePack. KEYS[1] = a hash holding the record under ARGV[1] (JSON) and ARGV[2]
+#: (MessagePack); KEYS[2] = a counters hash of the probe's own.
+PROBES = {
+    "read": "return redis.call('HGET', KEYS[1], ARGV[1]) and 1",
+    "write": "redis.call('HINCRBY', KEYS[2], 'n', 1) return 1",
+    "record_json": "local a = cjson.decode(redis.call('HGET', KEYS[1], ARGV[1])) "
+                   "redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(a)) return 1",
+    "record_msgpack": "local a = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[2])) "
+                      "redis.call('HSET', KEYS[1], ARGV[2], cmsgpack.pack(a)) return 1",
+}
+
+
 def script_costs(url: str, groups: int = 200, wait_replicas: int = 0) -> dict[str, float]:
     """Redis-side microseconds per call of each script (INFO commandstats), measured
-    from one client, one operation kind at a time."""
+    from one client, one operation kind at a time; ``<op>_commands``: of those, the
+    time in the commands the script ran; then the :data:`PROBES`."""
     client = redis.Redis.from_url(url)
     ledger = Ledger(client, "bench-cost", _rollout(), wait=WaitPolicy(wait_replicas))
     ledger.submit((f"c{i}", b"{}") for i in range(groups))
     trivial = client.register_script("return 1")
     trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
     costs: dict[str, float] = {}
-    client.config_resetstat()
-    admissions = [ledger.admit() for _ in range(groups)]
-    costs["admit"] = _evalsha_us(client)
-    client.config_resetstat()
-    for a in admissions:
-        for aid in a.attempt_ids:
-            ledger.start(aid, "cost", "replica", "boot", 30)
-    costs["start"] = _evalsha_us(client)
-    client.config_resetstat()
-    for a in admissions:
-        for member, aid in enumerate(a.attempt_ids):
-            ledger.finish(aid, member, b"{}", output_tokens=1)
-    costs["finish"] = _evalsha_us(client)
+
+    def measure(name: str, run: Callable[[], object]) -> None:
+        client.config_resetstat()
+        run()
+        costs[name] = _evalsha_us(client)
+        costs[f"{name}_commands"] = _inner_us(client)
+
+    admissions: list[Admission] = []
+    measure("admit", lambda: admissions.extend(ledger.admit() for _ in range(groups)))
+    measure("start", lambda: [ledger.start(aid, "cost", "replica", "boot", 30)
+                              for a in admissions for aid in a.attempt_ids])
+    measure("finish", lambda: [ledger.finish(aid, member, b"{}", output_tokens=1)
+                               for a in admissions for member, aid in enumerate(a.attempt_ids)])
     if wait_replicas:  # WAIT's own time on the server (its wait for the replica is not)
         costs["wait"] = float(client.info("commandstats")["cmdstat_wait"]["usec_per_call"])
     client.config_resetstat()
     for _ in range(groups * 8):
         trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
     costs["trivial"] = _evalsha_us(client)
+    record = msgspec.json.decode(client.hvals(ledger.keys.attempts)[0])  # a finished one
+    probe_keys = ["bench:{bench-cost}:records", "bench:{bench-cost}:counters"]
+    client.hset(probe_keys[0], mapping={"json": msgspec.json.encode(record),
+                                        "msgpack": msgspec.msgpack.encode(record)})
+    for name, source in PROBES.items():
+        probe = client.register_script(source)
+        probe(keys=probe_keys, args=["json", "msgpack"])
+        client.config_resetstat()
+        for _ in range(groups * 8):
+            probe(keys=probe_keys, args=["json", "msgpack"])
+        costs[name] = _evalsha_us(client)
     client.close()
     return {k: round(v, 1) for k, v in costs.items()}
 

@@ -119,6 +119,7 @@ class RedisLoadResult:
     pause_barrier_s: list[float] = field(default_factory=list)  # each pause() call
     resume_s: list[float] = field(default_factory=list)  # resume() to every replica going
     wait_replicas: int = 0  # farm.redis_wait_replicas of the farm measured
+    replicas: int = 0  # replicas following the Redis (at least wait_replicas)
     notes: list[str] = field(default_factory=list)
 
     # -- per unit, above the empty server ---------------------------------------------
@@ -179,7 +180,7 @@ class RedisLoadResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "profile": "redis-load", "gpus": self.gpus, "slots_per_gpu": self.slots_per_gpu,
-            "wait_replicas": self.wait_replicas,
+            "wait_replicas": self.wait_replicas, "replicas": self.replicas,
             "baseline_core_pct": round(self.baseline.core_pct, 4),
             "baseline_calls_per_s": round(self.baseline.calls_per_s, 2),
             "idle_calls_per_gpu_s": round(self.idle_calls_per_gpu_s, 3),
@@ -225,16 +226,20 @@ def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: i
 
 def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0,
                          burst_groups: int = 100, run_s: float = 20.0, wait_replicas: int = 0,
-                         workdir: Path, logs: bool = True,
+                         replicas: int | None = None, workdir: Path, logs: bool = True,
                          progress: Callable[[str], None] = lambda line: None
                          ) -> RedisLoadResult:
-    """With *wait_replicas*, that many private replicas follow the Redis (their own
-    traffic is in the baseline) and the farm waits for them on every ledger change."""
+    """*replicas* (default *wait_replicas*) private replicas follow the Redis (their
+    own traffic is in the baseline); the farm waits for *wait_replicas* of them on
+    every ledger change."""
+    replicas = wait_replicas if replicas is None else replicas
+    if replicas < wait_replicas:
+        raise ValueError(f"{replicas} replicas cannot acknowledge what {wait_replicas} must")
     workdir.mkdir(parents=True, exist_ok=True)
     with EmbeddedRedis(workdir / "redis", write_url=False) as server, \
-            contextlib.ExitStack() as replicas:
-        for i in range(wait_replicas):
-            replicas.callback(replica_of(server, workdir / f"replica{i}").stop)
+            contextlib.ExitStack() as followers:
+        for i in range(replicas):
+            followers.callback(replica_of(server, workdir / f"replica{i}").stop)
         meter = connect(server.url)
         progress(f"redis-load: baseline, the empty Redis for {idle_s:g}s")
         a = read(meter)
@@ -256,7 +261,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             time.sleep(idle_s)
             b = read(meter)
             idle = Window.between(a, b)
-            connections = b.clients - 2 - wait_replicas  # the meter, the trainer, replicas
+            connections = b.clients - 2 - replicas  # the meter, the trainer, replicas
             progress("redis-load: the pause barrier and resume, 10 times")
             pauses, resumes = _pause_latency(client, rounds=10)
             progress(f"redis-load: a burst of {burst_groups} groups of 8 tiny episodes")
@@ -268,7 +273,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             farm.stop()
             meter.close()
     return RedisLoadResult(gpus, slots, baseline, idle, connections, burst, episodes,
-                           running, held, pauses, resumes, wait_replicas)
+                           running, held, pauses, resumes, wait_replicas, replicas)
 
 
 def _pause_latency(client: RolloutClient, rounds: int) -> tuple[list[float], list[float]]:
@@ -342,7 +347,8 @@ def redis_load_text(r: dict[str, Any]) -> str:
     p = r["projection"]
     lines = [
         f"bench redis-load: {r['gpus']} GPUs x {r['slots_per_gpu']} slots"
-        + (f", changes wait for {r['wait_replicas']} replica(s)" if r["wait_replicas"] else "")
+        + (f", {r['replicas']} replica(s) following" if r["replicas"] else "")
+        + (f", changes wait for {r['wait_replicas']}" if r["wait_replicas"] else "")
         + f" (empty Redis: {r['baseline_calls_per_s']:.2f} calls/s, "
         f"{r['baseline_core_pct']:.3f}% of a core, subtracted)",
         f"  idle calls/s per GPU          {r['idle_calls_per_gpu_s']:10.2f}   (target <= 4)",

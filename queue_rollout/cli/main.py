@@ -102,6 +102,10 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
     if args.profile == "redis-load":
         import shutil
 
+        if args.replicas is not None and args.replicas < args.wait_replicas:
+            raise ConfigError(f"--replicas {args.replicas}: fewer than the "
+                              f"--wait-replicas {args.wait_replicas} every change waits for")
+
         from queue_rollout.bench.redis_load import redis_load_text, run_redis_load_bench
         from queue_rollout.progress import log_to_file
 
@@ -111,7 +115,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
             log_to_file(work / "bench.log")
         load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,
                                     wait_replicas=args.wait_replicas,
-                                    idle_s=args.idle_s, run_s=args.run_s,
+                                    replicas=args.replicas, idle_s=args.idle_s, run_s=args.run_s,
                                     burst_groups=args.burst_groups, workdir=work,
                                     logs=not args.verbose,
                                     progress=lambda line: print(line, file=sys.stderr))
@@ -404,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-replicas", type=_non_negative, default=0,
                    help="ledger, redis-load: start this many private replicas and make "
                         "every ledger change wait for them (farm.redis_wait_replicas)")
+    p.add_argument("--replicas", type=_non_negative, default=None,
+                   help="redis-load: private replicas following the Redis (default: "
+                        "--wait-replicas); more than --wait-replicas are followed, not "
+                        "waited for")
     p.add_argument("--requests", type=_positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
     p.add_argument("--gpus", type=_positive, default=8,

@@ -46,9 +46,10 @@ def test_per_gpu_per_episode_and_projection_arithmetic():
 
 
 def test_a_small_farm_is_measured_end_to_end(tmp_path):
+    """With a replica following the Redis, not waited for (`--replicas 1`)."""
     lines: list[str] = []
     res = run_redis_load_bench(gpus=1, slots=8, idle_s=1.0, run_s=1.0, burst_groups=16,
-                               workdir=tmp_path, progress=lines.append)
+                               replicas=1, workdir=tmp_path, progress=lines.append)
     out = res.as_json()
     json.dumps(out)
     assert out["profile"] == "redis-load" and (out["gpus"], out["slots_per_gpu"]) == (1, 8)
@@ -56,7 +57,19 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
     # every episode costs Redis something: the ledger's scripts at least
     assert out["commands_per_episode"] > 5 and out["episode_commands"].get("evalsha", 0) > 1
     assert out["connections_per_gpu"] >= 2  # a supervisor and an episode process at least
+    assert (out["replicas"], out["wait_replicas"]) == (1, 0)
+    assert "wait" not in out["episode_commands"]  # followed, not waited for
     assert out["projection"]["gpus"] == 1024
     assert out["pause_barrier_s"]["median"] > 0 and out["resume_s"]["median"] > 0
     assert "commands per episode" in redis_load_text(out)
     assert (tmp_path / "logs" / "worker-0.log").exists()
+
+
+def test_fewer_replicas_than_every_change_waits_for_is_refused(tmp_path, capsys):
+    from queue_rollout.cli.main import main
+
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nstate_dir = "{tmp_path}"\n')
+    assert main(["bench", "--profile", "redis-load", "--replicas", "0", "--wait-replicas", "1",
+                 "-c", str(toml)]) == 2
+    assert "--replicas 0: fewer than the --wait-replicas 1" in capsys.readouterr().err
