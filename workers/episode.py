@@ -40,13 +40,14 @@ from queue_rollout.engines.sglang import (
     GenerateUncertain,
     Generation,
     SGLangClient,
+    episode_seed,
     turn_rid,
 )
 from queue_rollout.engines.sim_server import prompt_params
 from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.core import Answer, Ledger, Renewal
 from queue_rollout.results import EpisodeResult, encode_result
-from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow, episode_seed
+from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,7 +17,6 @@ object with ``run(ctx) -> float | None``.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 import typing
@@ -26,19 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from queue_rollout.config import Config, load_reference
-from queue_rollout.engines.sglang import Generation
+from queue_rollout.engines.sglang import Generation, episode_seed
 from queue_rollout.engines.sim_model import token_ids
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
-
-
-def episode_seed(run_seed: int, prompt_id: str, member: int) -> int:
-    """The sampling seed of one episode (I7): (run seed, prompt id, member) only, so a
-    retry samples the same way on a deterministic engine. 63 bits (SGLang: int64)."""
-    digest = hashlib.blake2b(f"{run_seed}\x00{prompt_id}\x00{member}".encode(),
-                             digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
-
 
 #: One model call as the worker makes it: (turn, input ids, text, sampling params) ->
 #: the generation and the policy versions of its tokens as (version, count) runs.

@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from queue_rollout.bench.profiles import unit
+from queue_rollout.bench.profiles import normal, unit
 
 
 @dataclass(frozen=True)
@@ -51,26 +51,20 @@ class AgenticParams:
         return asdict(self)
 
 
-def _normal(*parts: object) -> float:
-    """A deterministic standard normal draw from *parts* (Box-Muller)."""
-    u1, u2 = unit("u1", *parts), unit("u2", *parts)
-    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-
-
 def member_turns(pid: str, member: int, p: AgenticParams) -> list[dict[str, Any]]:
     """One member's turns ``{"gen", "tool_s", "tool_tokens"}``, reference units."""
-    difficulty = math.exp(p.difficulty_sigma * _normal("difficulty", pid))
-    n = round(p.turns_median * difficulty * math.exp(p.turns_sigma * _normal("turns", pid,
+    difficulty = math.exp(p.difficulty_sigma * normal("difficulty", pid))
+    n = round(p.turns_median * difficulty * math.exp(p.turns_sigma * normal("turns", pid,
                                                                               member)))
     n = min(p.max_turns, max(1, n))
     turns = []
     for t in range(n):
-        gen = round(p.gen_median * math.exp(p.gen_sigma * _normal("gen", pid, member, t)))
+        gen = round(p.gen_median * math.exp(p.gen_sigma * normal("gen", pid, member, t)))
         turn: dict[str, Any] = {"gen": min(p.gen_max, max(p.gen_min, gen))}
         if t < n - 1:
-            tool = p.tool_median_s * math.exp(p.tool_sigma * _normal("tool", pid, member, t))
+            tool = p.tool_median_s * math.exp(p.tool_sigma * normal("tool", pid, member, t))
             out = p.tool_tokens_median * math.exp(
-                p.tool_tokens_sigma * _normal("out", pid, member, t))
+                p.tool_tokens_sigma * normal("out", pid, member, t))
             turn["tool_s"] = round(min(p.tool_max_s, tool), 3)
             turn["tool_tokens"] = min(p.tool_tokens_max, round(out))
         turns.append(turn)

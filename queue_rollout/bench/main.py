@@ -4,6 +4,7 @@ profile as it completes, and with ``--out`` writes a markdown report with plots.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -14,12 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from queue_rollout.bench.pilot import ModeRun, open_bench, run_pilot, window_sweep
-from queue_rollout.bench.profiles import PILOTS, Scale, Shape
+from queue_rollout.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
+from queue_rollout.bench.profiles import PILOTS, Profile, Scale, Shape
+from queue_rollout.bench.seed_pilots import SEED_PILOTS
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
-ALL = (*PILOTS, "control-plane", "calibration", "ledger")
+#: Every pilot: the synthetic ones and the seed's workloads.
+PILOT_NAMES = (*PILOTS, *SEED_PILOTS)
+ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS)
+
+
+def pilot_profile(name: str) -> Profile:
+    return PILOTS[name] if name in PILOTS else SEED_PILOTS[name]()
 
 
 @dataclass(frozen=True)
@@ -28,8 +36,10 @@ class BenchArgs:
     json: bool = False
     out: Path | None = None
     max_staleness: int = 2
-    time_scale: float = 0.1
-    token_scale: float = 0.125
+    time_scale: float | None = None  # None: the profile's own (else 0.1)
+    token_scale: float | None = None  # None: the profile's own (else 0.125)
+    refit: bool = False  # swe-agentic, boba-math: fit the calibration again
+    sensitivity: bool = False  # the seed's pilots: ideal schedules with each choice changed
     cp_workers: int = 8
     cp_episodes: int = 8000
     ledger_clients: int = 8
@@ -41,13 +51,29 @@ class BenchArgs:
     verbose: bool = False  # the processes' logs on the terminal instead of in workdir
 
 
+def pilot_setting(profile: Profile, args: BenchArgs) -> tuple[Shape, Scale]:
+    """The shape and scale *profile* runs at: its own, the window and any scale given
+    on the command line overriding them."""
+    shape = dataclasses.replace(profile.shape or Shape(), max_staleness=args.max_staleness)
+    own = profile.scale or Scale()
+    return shape, Scale(time=args.time_scale or own.time, tokens=args.token_scale or own.tokens)
+
+
+def setting_line(shape: Shape, scale: Scale) -> str:
+    consumption = (f"rolling consumption to batch {shape.stop_after}" if shape.stop_after
+                   else f"a {shape.train_s:g} s training pause after each of "
+                        f"{shape.train_batches} batches, then drain")
+    return (f"pilots at B{shape.batch_size} x G{shape.group_size}, {shape.slots} slots over "
+            f"{shape.replicas} simulated replicas, {shape.prompts} groups, max_staleness "
+            f"{shape.max_staleness}, {consumption}; scale: time x{scale.time:g}, tokens "
+            f"x{scale.tokens:g} (decode step x{scale.step_factor:g})")
+
+
 def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run the profiles *args* names; results on *out*, progress on *err* (the
     process's streams as they are when called)."""
     out, err = out or sys.stdout, err or sys.stderr
     profiles = ALL if args.profile == "all" else (args.profile,)
-    shape = Shape(max_staleness=args.max_staleness)
-    scale = Scale(time=args.time_scale, tokens=args.token_scale)
     started = time.monotonic()
     live = err.isatty()  # a terminal shows live views; the lines go to the log
 
@@ -58,14 +84,7 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
             err.write(text + "\n")
             err.flush()
 
-    pilots = [p for p in profiles if p in PILOTS]
-    if pilots:
-        progress(f"pilots {', '.join(pilots)}: B{shape.batch_size} x G{shape.group_size}, "
-                 f"{shape.slots} slots over {shape.replicas} simulated replicas, "
-                 f"{shape.prompts} groups, max_staleness {shape.max_staleness}, a "
-                 f"{shape.train_s:g} s training pause after each of {shape.train_batches} "
-                 f"batches; scale: time x{scale.time:g}, tokens x{scale.tokens:g} "
-                 f"(decode step x{scale.step_factor:g})")
+    pilots = [p for p in profiles if p in PILOT_NAMES]
     results: list[dict[str, Any]] = []
     runs: dict[str, dict[str, ModeRun]] = {}
     sweeps: dict[str, list[dict[str, Any]]] = {}
@@ -84,19 +103,42 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
             if not args.verbose:
                 log_to_file(work / "bench.log")
         redis_server = stack.enter_context(EmbeddedRedis(work / "redis", write_url=False))
-        if pilots:
-            bench = open_bench(work / "pilots", shape, scale, redis_server.url, progress,
-                               logs=not args.verbose)
-            try:
-                for name in pilots:
-                    result, runs[name] = run_pilot(bench, PILOTS[name], shape.max_staleness)
-                    if name == "long-tail":
-                        sweeps[name] = window_sweep(bench, PILOTS[name])
-                        result["ideal_window_sweep"] = sweeps[name]
-                    from queue_rollout.bench.report import pilot_text
+        if args.refit:
+            from queue_rollout.bench.seed_pilots import refit
 
-                    emit(result, pilot_text(result))
-            finally:
+            fitted = refit(args.profile, redis_server.url, work / "refit", progress)
+            emit(fitted, json.dumps(fitted, indent=2))
+            pilots = []
+        bench: Bench | None = None
+        try:
+            for name in pilots:
+                profile = pilot_profile(name)
+                shape, scale = pilot_setting(profile, args)
+                if bench is None or (bench.shape, bench.scale) != (shape, scale):
+                    if bench is not None:
+                        bench.stop()
+                    progress(setting_line(shape, scale))
+                    bench = open_bench(work / f"pilots-{name}", shape, scale,
+                                       redis_server.url, progress, logs=not args.verbose)
+                result, runs[name] = run_pilot(bench, profile, shape.max_staleness)
+                if name == "long-tail":
+                    sweeps[name] = window_sweep(bench, profile)
+                    result["ideal_window_sweep"] = sweeps[name]
+                if profile.calibration is not None:
+                    from queue_rollout.bench.seed_pilots import calibration_achieved
+
+                    calibration_achieved(result, runs[name]["group"], profile, shape, scale)
+                if args.sensitivity and name in SEED_PILOTS:
+                    from queue_rollout.bench.seed_pilots import sensitivity
+
+                    result["sensitivity"] = sensitivity(name, redis_server.url, scale,
+                                                        shape.max_staleness,
+                                                        work / "sensitivity", progress)
+                from queue_rollout.bench.report import pilot_text
+
+                emit(result, pilot_text(result))
+        finally:
+            if bench is not None:
                 bench.stop()
         if "control-plane" in profiles:
             from queue_rollout.bench.control_plane import run_control_plane_bench

@@ -17,11 +17,13 @@ generation time: the trainer's pause windows are left out.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from rq import Queue, Worker
 from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
 from queue_rollout.client.rollout import RolloutClient, stand_in_training
 from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.engines.sim_model import PauseMode
 from queue_rollout.engines.sim_server import text_tokens
 from queue_rollout.errors import InvariantViolation
@@ -44,7 +47,13 @@ from queue_rollout.ledger.outbox import episode_queue
 from queue_rollout.procs import Supervised, stop_all
 from queue_rollout.progress import LiveView
 from queue_rollout.virtual.clock import ManualClock
-from queue_rollout.virtual.farm import SimFarm, SimReport
+from queue_rollout.virtual.farm import (
+    SimFarm,
+    SimReport,
+    Turn,
+    median_batch_interval,
+    steady_groups_per_hour,
+)
 
 
 @dataclass
@@ -57,10 +66,13 @@ class ModeRun:
     pauses: list[tuple[float, float]] = field(default_factory=list)  # trainer's windows
     accepted_at_ready: list[int] = field(default_factory=list)
     delivered: dict[str, list[int]] = field(default_factory=dict)  # group -> member tokens
+    delivered_turns: dict[str, list[list[int]]] = field(default_factory=dict)  # per call
     delivered_prompts: list[dict[str, Any]] = field(default_factory=list)  # as the trainer got them
     requests: list[dict[str, Any]] = field(default_factory=list)  # the replicas' log entries
     counters: dict[str, int] = field(default_factory=dict)
     doctor_problems: list[str] = field(default_factory=list)
+    in_flight: list[tuple[float, int]] = field(default_factory=list)  # ledger's running
+    batch_size: int = 0
     ideal: SimReport | None = None
 
     @property
@@ -107,7 +119,10 @@ class ModeRun:
 
     @property
     def accepted_groups_per_hour(self) -> float:
-        """Accepted groups per hour from batch 1 ready to the last trained batch ready."""
+        """Accepted groups per hour from batch 1 ready to the last trained batch ready
+        (with rolling consumption, no batch trained: to the last batch ready)."""
+        if not self.pauses:
+            return self.steady_groups_per_hour
         k = min(len(self.ready), max(len(self.pauses), 1)) - 1
         if k < 1 or self.ready[k] <= self.ready[0]:
             return float("nan")
@@ -117,6 +132,25 @@ class ModeRun:
     @property
     def output_tokens(self) -> int:
         return sum(sum(tokens) for tokens in self.delivered.values())
+
+    @property
+    def steady_groups_per_hour(self) -> float:
+        return steady_groups_per_hour(self.ready, self.batch_size)
+
+    @property
+    def median_batch_interval(self) -> float:
+        return median_batch_interval(self.ready)
+
+    @property
+    def mean_in_flight(self) -> float:
+        """Attempts running in the ledger (tool waits included), averaged over
+        generation time from the samples taken (pause windows excluded)."""
+        end, area, generating = self.all_work_s, 0.0, 0.0
+        for (t0, n), (t1, _) in itertools.pairwise(self.in_flight):
+            for a, b in _minus(max(0.0, t0), min(t1, end), self.pauses):
+                area += n * (b - a)
+                generating += b - a
+        return area / generating if generating else 0.0
 
 
 def wait_for_rq_workers(queue: Queue, count: int, timeout: float = 120.0) -> None:
@@ -195,10 +229,12 @@ class Bench:
         self.runs += 1
         s, train_s = self.shape, self.shape.train_s * self.scale.time
         state = self.workdir / f"run-{self.runs}"
+        workflow = "controlled_turns" if profile.turns else "controlled_length"
         config = msgspec.convert({
             "farm": {"name": f"bench-{self.runs}-{profile.name}-{mode}",
                      "redis_url": self.redis_url, "state_dir": str(state)},
             "rollout": self.rollout(mode, max_staleness),
+            "workflow": {"name": workflow},
             "engine": self.engine_section(),
             "collector": {"step_ms": self.scale.collector_step_ms},
             "metrics": {"port": free_port()},
@@ -209,14 +245,15 @@ class Bench:
                          log_dir=state if self.logs else None)
         farm.start()
         stop = threading.Event()
-        run = ModeRun(mode, s.slots)
+        run = ModeRun(mode, s.slots, batch_size=s.batch_size)
         try:
             client = RolloutClient(Ledger.from_config(connect(self.redis_url), config), config)
             farm.wait_ready(stop)
             wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), s.slots)
-            batches = -(-len(prompts) // s.batch_size)
+            batches = s.stop_after or -(-len(prompts) // s.batch_size)
             t0 = time.monotonic()
             client.submit(prompts)
+            sampler = RunningSampler(client.ledger, t0, max(0.01, self.scale.time / 2))
             view = LiveView(f"{profile.name} {mode}", batches, "batches")
             for k in range(batches):
                 batch = client.get_batch(timeout=1800, max_poll_s=self.scale.trainer_poll_s)
@@ -225,6 +262,7 @@ class Bench:
                 run.accepted_at_ready.append(client.ledger.counters().get("accepted", 0))
                 for g in batch.groups:
                     run.delivered[g.id] = [len(m.output_ids) for m in g.members]
+                    run.delivered_turns[g.id] = [m.turn_lengths for m in g.members]
                     run.delivered_prompts.append(g.prompt)
                 training = k < s.train_batches  # then the drain: no pause, no training
                 client.train_step(batch, stand_in_training(train_s if training else 0.0),
@@ -235,13 +273,16 @@ class Bench:
                               f"{now:.2f}s")
                 view.show(k + 1, ready=f"{now:.1f}s")
             view.close()
+            run.in_flight = sampler.stop()
             run.counters = client.ledger.counters()
-            run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
-                                          s.batch_size).problems
             run.requests = self._requests(t0, t0 + run.all_work_s + 1.0)
         finally:
             stop.set()
             farm.stop()
+        # examined with the farm stopped: rolling consumption ends with work in flight,
+        # and the doctor reads what no process changes meanwhile
+        run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
+                                      s.batch_size).problems
         run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}")
         return run
 
@@ -266,92 +307,231 @@ class Bench:
         clock = ManualClock()
         rollout = msgspec.convert(self.rollout(mode, max_staleness), RolloutConfig)
         ledger = Ledger(connect(self.redis_url), farm, rollout, clock=clock)
+        episodes: dict[str, Any] = (
+            {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
+                              for p in prompts}}
+            if "member_turns" in prompts[0] else
+            {"lengths": {p["id"]: p["member_lengths"] for p in prompts}})
         return SimFarm(
-            ledger, clock, {p["id"]: p["member_lengths"] for p in prompts},
+            ledger, clock, **episodes,
             replicas=s.replicas, slots_per_replica=s.slots_per_replica,
             step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
             train_s=s.train_s * self.scale.time, train_batches=s.train_batches,
             capacity_slots=s.slots, **self.kv_settings(), pause_mode=pause_mode,
-            prompt_tokens={p["id"]: len(text_tokens(p["prompt"])) for p in prompts},
+            prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
+            stop_after=s.stop_after,
         ).run()
 
 
-def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], group_size: int) -> list[str]:
-    """Every problem found; empty when the runs are sound."""
+class RunningSampler:
+    """Samples how many attempts the ledger holds running (its lease set), every
+    *period* seconds on a thread, as (seconds since *t0*, count)."""
+
+    def __init__(self, ledger: Ledger, t0: float, period: float) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ledger, t0, period),
+                                        name="running-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self, ledger: Ledger, t0: float, period: float) -> None:
+        while not self._stop.wait(period):
+            count = ledger.client.zcard(ledger.keys.leases)
+            self.samples.append((time.monotonic() - t0, int(count)))
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def prompt_length(prompt: dict[str, Any]) -> int:
+    """The tokens a prompt puts before its output: its ``input_ids``, else its text's."""
+    if "input_ids" in prompt:
+        return len(prompt["input_ids"])
+    return len(text_tokens(prompt["prompt"]))
+
+
+def sim_turns(member: Any) -> list[Turn]:
+    """One ``member_turns`` entry as the virtual farm's turns."""
+    turns = member["turns"] if isinstance(member, dict) else member
+    return [(t["gen"], float(t.get("tool_s", 0.0)), int(t.get("tool_tokens", 0)))
+            for t in turns]
+
+
+def manifest_turns(prompt: dict[str, Any]) -> list[list[int]]:
+    """Each member's output tokens per model call, as the manifest asks."""
+    if "member_turns" in prompt:
+        return [[t[0] for t in sim_turns(m)] for m in prompt["member_turns"]]
+    return [[n] for n in prompt["member_lengths"]]
+
+
+def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool = True,
+          run_seed: int = 0) -> list[str]:
+    """Every problem found; empty when the runs are sound. *complete*: every group was
+    to be delivered (else only what was delivered is checked: rolling consumption stops
+    with groups in flight). Each delivered member's calls are found in the replicas' logs
+    by their sampling seeds: one request per call, its exact length, the rids of one
+    attempt's turns."""
     problems: list[str] = []
-    want = {p["id"]: p["member_lengths"] for p in prompts}
-    digest = manifest_digest(prompts)
+    want = {p["id"]: manifest_turns(p) for p in prompts}
     for run in runs:
         tag = f"{run.mode} mode"
-        if run.delivered_digest != digest:
+        subset = [p for p in prompts if p["id"] in run.delivered]
+        if run.delivered_digest != manifest_digest(subset) or not set(run.delivered) <= set(want):
             problems.append(f"{tag}: the prompts delivered differ from the manifest")
-        if set(run.delivered) != set(want):
+        if complete and set(run.delivered) != set(want):
             missing = sorted(set(want) - set(run.delivered))[:5]
             problems.append(f"{tag}: {len(want) - len(run.delivered)} groups not delivered "
                             f"(e.g. {missing})")
+        by_seed: dict[int, list[dict[str, Any]]] = {}
+        for r in run.requests:
+            by_seed.setdefault(r["seed"], []).append(r)
+        calls = 0
         for gid, tokens in run.delivered.items():
-            if tokens != want.get(gid):
-                problems.append(f"{tag}: group {gid} members produced {tokens}, "
-                                f"expected {want.get(gid)}")
+            turns = want.get(gid, [])
+            if tokens != [sum(t) for t in turns]:
+                problems.append(f"{tag}: group {gid} members produced {tokens}, expected "
+                                f"{[sum(t) for t in turns]}")
+            elif run.delivered_turns.get(gid) != turns:
+                problems.append(f"{tag}: group {gid} members' calls produced "
+                                f"{run.delivered_turns.get(gid)}, expected {turns}")
+            for member, member_turns in enumerate(turns):
+                calls += len(member_turns)
+                problems += _audit_calls(tag, gid, member, member_turns, by_seed, run_seed)
         rids = [r["rid"] for r in run.requests]
-        episodes = len(want) * group_size
         if len(rids) != len(set(rids)):
             problems.append(f"{tag}: an rid was sent to the replicas twice")
-        if len(rids) != episodes:
-            problems.append(f"{tag}: the replicas ran {len(rids)} requests for {episodes} "
-                            "episodes")
-        if sum(r["tokens"] for r in run.requests) != run.output_tokens:
-            problems.append(f"{tag}: the replicas generated "
-                            f"{sum(r['tokens'] for r in run.requests)} tokens, the results "
-                            f"hold {run.output_tokens}")
-        if run.counters.get("finished", 0) != episodes:
-            problems.append(f"{tag}: {run.counters.get('finished', 0)} episodes finished, "
-                            f"expected {episodes}")
+        if complete:
+            if len(rids) != calls:
+                problems.append(f"{tag}: the replicas ran {len(rids)} requests for {calls} "
+                                "model calls")
+            if sum(r["tokens"] for r in run.requests) != run.output_tokens:
+                problems.append(f"{tag}: the replicas generated "
+                                f"{sum(r['tokens'] for r in run.requests)} tokens, the results "
+                                f"hold {run.output_tokens}")
+            episodes = sum(len(t) for t in want.values())
+            if run.counters.get("finished", 0) != episodes:
+                problems.append(f"{tag}: {run.counters.get('finished', 0)} episodes "
+                                f"finished, expected {episodes}")
         problems += [f"{tag}: doctor: {p}" for p in run.doctor_problems]
     return problems
 
 
-def mode_json(run: ModeRun, scale: Scale) -> dict[str, object]:
+def _audit_calls(tag: str, gid: str, member: int, lengths: list[int],
+                 by_seed: dict[int, list[dict[str, Any]]], run_seed: int) -> list[str]:
+    """One delivered member's calls against the replicas' logs."""
+    first = episode_seed(run_seed, gid, member)
+    aid = None
+    for turn, length in enumerate(lengths):
+        found = by_seed.get(first if turn == 0 else episode_seed(first, "turn", turn), [])
+        where = f"{tag}: group {gid} member {member} call {turn}"
+        if len(found) != 1:
+            return [f"{where}: {len(found)} requests in the replicas' logs, expected 1"]
+        request = found[0]
+        aid = request["rid"] if turn == 0 else aid
+        if request["tokens"] != length:
+            return [f"{where}: {request['tokens']} tokens, expected {length}"]
+        if aid is None or request["rid"] != turn_rid(aid, turn):
+            return [f"{where}: rid {request['rid']!r} is not turn {turn} of attempt {aid!r}"]
+    return []
+
+
+def _num(value: float, digits: int) -> float | None:
+    """*value* rounded, None where it is undefined (JSON has no NaN)."""
+    return None if math.isnan(value) else round(value, digits)
+
+
+def schedule_figures(ready: list[float], pause_ends: list[float], batch_size: int,
+                     train_batches: int) -> dict[str, float | None]:
+    """What the batch-ready times alone say: first and last batch ready, the median
+    time between batches, the mean cycle (batch k-1 ready to batch k ready, k = 2 up
+    to the last trained batch: the rollout and the pause), the steady groups/hour (batch
+    1 ready to the last trained one; with rolling consumption, to the last)."""
+    cycles = [ready[k] - ready[k - 1] for k in range(1, min(len(ready), train_batches))]
+    steady = ready[:train_batches] if train_batches else ready
+    return {"first_batch_s": _num(ready[0] if ready else math.nan, 3),
+            "batches_ready_s": _num(ready[-1] if ready else math.nan, 3),
+            "median_batch_interval_s": _num(median_batch_interval(ready), 3),
+            "mean_cycle_s": _num(sum(cycles) / len(cycles) if cycles else math.nan, 3),
+            "steady_groups_per_hour": _num(steady_groups_per_hour(steady, batch_size), 1)}
+
+
+def mode_json(run: ModeRun, scale: Scale, shape: Shape, multi_turn: bool) -> dict[str, Any]:
+    """One mode's figures. *multi_turn*: active episodes are the ledger's running
+    attempts (tool waits included); else the replicas' running requests."""
     ideal = run.ideal
-    ideal_all = ideal.all_work_s if ideal else float("nan")
-    return {
-        "mean_rollout_interval_s": round(run.mean_rollout_interval, 3),
-        "all_work_completion_s": round(run.all_work_s, 3),
-        "mean_active_episodes": round(run.mean_active, 2),
-        "slot_occupancy": round(run.mean_active / run.slots, 4),
-        "ideal_ratio": round(run.all_work_s / ideal_all, 4),
-        "accepted_groups_per_hour": round(run.accepted_groups_per_hour, 1),
+    ideal_all = ideal.all_work_s if ideal else math.nan
+    active = run.mean_in_flight if multi_turn else run.mean_active
+    times = schedule_figures(run.ready, [end for _, end in run.pauses], shape.batch_size,
+                             shape.train_batches)
+    out: dict[str, Any] = {
+        "mean_rollout_interval_s": _num(run.mean_rollout_interval, 3),
+        "all_work_completion_s": _num(run.all_work_s, 3),
+        "mean_active_episodes": round(active, 2),
+        "mean_running_requests": round(run.mean_active, 2),
+        "slot_occupancy": round(active / run.slots, 4),
+        "ideal_ratio": _num(run.all_work_s / ideal_all, 4),
+        "accepted_groups_per_hour": _num(run.accepted_groups_per_hour, 1),
         "output_tokens": run.output_tokens,
-        "reference": {  # scaled back to the reference's seconds and tokens
-            "mean_rollout_interval_s": round(run.mean_rollout_interval / scale.time, 2),
-            "all_work_completion_s": round(run.all_work_s / scale.time, 2),
-            "accepted_groups_per_hour": round(run.accepted_groups_per_hour * scale.time, 1),
-            "output_tokens": round(run.output_tokens / scale.tokens),
-        },
-        "ideal": None if ideal is None else {
-            "mean_rollout_interval_s": round(ideal.mean_rollout_interval, 3),
-            "all_work_completion_s": round(ideal.all_work_s, 3),
-            "mean_active_episodes": round(ideal.mean_active, 2),
-            "slot_occupancy": round(ideal.slot_occupancy, 4),
-        },
+        **times,
     }
+    out["reference"] = {  # scaled back to the reference's seconds and tokens
+        **{k: None if v is None else round(v / scale.time, 2) for k, v in out.items()
+           if k.endswith("_s")},
+        "accepted_groups_per_hour": _num(run.accepted_groups_per_hour * scale.time, 1),
+        "output_tokens": round(run.output_tokens / scale.tokens),
+    }
+    out["ideal"] = None if ideal is None else {
+        "mean_rollout_interval_s": _num(ideal.mean_rollout_interval, 3),
+        "all_work_completion_s": round(ideal.all_work_s, 3),
+        "mean_active_episodes": round(ideal.mean_in_flight if multi_turn
+                                      else ideal.mean_active, 2),
+        "mean_running_requests": round(ideal.mean_active, 2),
+        "slot_occupancy": round((ideal.mean_in_flight if multi_turn else ideal.mean_active)
+                                / ideal.slots, 4),
+        "gpu_busy": round(ideal.gpu_busy, 4),
+        "retractions": ideal.retractions,
+        "prefill_tokens": ideal.prefill_tokens,
+        **schedule_figures(ideal.ready_times, ideal.pause_ends, shape.batch_size,
+                           shape.train_batches),
+    }
+    return out
 
 
 CHANGE_KEYS = ("mean_rollout_interval_s", "all_work_completion_s", "mean_active_episodes",
-               "slot_occupancy", "ideal_ratio", "accepted_groups_per_hour", "output_tokens")
+               "slot_occupancy", "ideal_ratio", "accepted_groups_per_hour", "output_tokens",
+               "first_batch_s", "batches_ready_s", "median_batch_interval_s", "mean_cycle_s",
+               "steady_groups_per_hour")
+
+
+def _changes(group: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str, float | None]:
+    """sample / group - 1 for every key both have as a number."""
+    return {k: round(sample[k] / group[k] - 1, 4) if group.get(k) and sample.get(k) is not None
+            else None for k in CHANGE_KEYS if k in group}
 
 
 def pilot_json(profile: Profile, shape: Shape, scale: Scale, max_staleness: int,
-               group: ModeRun, sample: ModeRun) -> dict[str, object]:
-    modes = {"group": mode_json(group, scale), "sample": mode_json(sample, scale)}
-    change = {k: round(modes["sample"][k] / modes["group"][k] - 1, 4)  # type: ignore[operator]
-              if modes["group"][k] else None for k in CHANGE_KEYS}
-    return {"profile": profile.name, "scale": scale.as_json(),
-            "shape": {"prompts": shape.prompts, "group_size": shape.group_size,
-                      "batch_size": shape.batch_size, "replicas": shape.replicas,
-                      "slots": shape.slots, "max_staleness": max_staleness,
-                      "train_s": shape.train_s, "train_batches": shape.train_batches},
-            "modes": modes, "change": change}
+               group: ModeRun, sample: ModeRun) -> dict[str, Any]:
+    multi_turn = profile.turns is not None
+    modes = {"group": mode_json(group, scale, shape, multi_turn),
+             "sample": mode_json(sample, scale, shape, multi_turn)}
+    out: dict[str, Any] = {
+        "profile": profile.name, "scale": scale.as_json(),
+        "shape": {"prompts": shape.prompts, "group_size": shape.group_size,
+                  "batch_size": shape.batch_size, "replicas": shape.replicas,
+                  "slots": shape.slots, "max_staleness": max_staleness,
+                  "train_s": shape.train_s, "train_batches": shape.train_batches,
+                  "stop_after": shape.stop_after},
+        "multi_turn": multi_turn,
+        "modes": modes, "change": _changes(modes["group"], modes["sample"])}
+    if group.ideal is not None and sample.ideal is not None:
+        out["ideal_change"] = _changes(modes["group"]["ideal"], modes["sample"]["ideal"])
+    if profile.seed is not None:
+        out["seed"] = dict(profile.seed)
+    if profile.calibration is not None:
+        out["calibration"] = dict(profile.calibration)
+    return out
 
 
 def run_pilot(bench: Bench, profile: Profile, max_staleness: int
@@ -361,7 +541,7 @@ def run_pilot(bench: Bench, profile: Profile, max_staleness: int
     prompts = profile.manifest(bench.shape, bench.scale)
     runs = {mode: bench.run_mode(profile, mode, prompts, max_staleness)
             for mode in ("group", "sample")}
-    problems = audit(prompts, list(runs.values()), bench.shape.group_size)
+    problems = audit(prompts, list(runs.values()), complete=bench.shape.stop_after is None)
     if problems:
         raise InvariantViolation(f"bench {profile.name}: audit failed: " + "; ".join(problems[:10]))
     return pilot_json(profile, bench.shape, bench.scale, max_staleness,

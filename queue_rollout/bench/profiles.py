@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,8 @@ class Shape:
     max_staleness: int = 2
     train_s: float = 10.0  # the fixed training pause after each of the first batches
     train_batches: int = 6
+    #: rolling consumption: stop once this many batches are ready (None: every group)
+    stop_after: int | None = None
     step_ms: float = 4.5
     step_ms_per_request: float = 0.2
     prefill_tokens_per_s: float = 20_000.0
@@ -88,6 +90,12 @@ def unit(*parts: object) -> float:
     return (int.from_bytes(digest, "big") + 0.5) / 2**64
 
 
+def normal(*parts: object) -> float:
+    """A deterministic standard normal draw from *parts* (Box-Muller)."""
+    u1, u2 = unit("u1", *parts), unit("u2", *parts)
+    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
 def _equal(prompts: int, g: int) -> dict[str, list[int]]:
     return {f"eq-{i:04d}": [4096] * g for i in range(prompts)}
 
@@ -116,25 +124,63 @@ def _mixed_tail(prompts: int, g: int) -> dict[str, list[int]]:
 
 @dataclass(frozen=True)
 class Profile:
+    """A pilot: its episodes, as ``member_lengths`` (*lengths*, one request each) or as
+    ``member_turns`` (*turns*: multi-turn, reference tokens and seconds); optionally a
+    shape and scale of its own, the seed's figures beside which it reports, and what
+    was fitted to calibrate it."""
+
     name: str
     summary: str
-    lengths: Callable[[int, int], dict[str, list[int]]]  # (prompts, G) -> reference lengths
+    lengths: Callable[[int, int], dict[str, list[int]]] | None = None  # (prompts, G) ->
+    turns: Callable[[int, int], dict[str, list[Any]]] | None = None  # (prompts, G) ->
+    prompt_tokens: int = 0  # each group's prompt, reference tokens (0: a short text)
+    shape: Shape | None = None
+    scale: Scale | None = None
+    seed: Mapping[str, Any] | None = None
+    calibration: Mapping[str, Any] | None = None
 
     def manifest(self, shape: Shape, scale: Scale) -> list[dict[str, Any]]:
-        """The prompts, with member lengths scaled to *scale*."""
-        return [{"id": pid, "prompt": f"{self.name} prompt {pid}",
+        """The prompts, with lengths (and tool times) scaled to *scale*."""
+        if self.turns is not None:
+            return [{"id": pid, **self._prompt(pid, scale),
+                     "member_turns": [_scale_member(m, scale) for m in members]}
+                    for pid, members in self.turns(shape.prompts, shape.group_size).items()]
+        assert self.lengths is not None
+        return [{"id": pid, **self._prompt(pid, scale),
                  "member_lengths": [scale.length(n) for n in lengths]}
                 for pid, lengths in self.lengths(shape.prompts, shape.group_size).items()]
+
+    def _prompt(self, pid: str, scale: Scale) -> dict[str, Any]:
+        if not self.prompt_tokens:
+            return {"prompt": f"{self.name} prompt {pid}"}
+        first = int(unit("prompt", pid) * 2**20)  # its own ids: groups share no prefix
+        return {"input_ids": list(range(first, first + scale.length(self.prompt_tokens)))}
+
+
+def _scale_member(member: Any, scale: Scale) -> Any:
+    """One ``member_turns`` entry at *scale*: tokens by ``tokens``, tool seconds by
+    ``time``."""
+    if isinstance(member, dict):
+        return {**member, "turns": _scale_member(member["turns"], scale)}
+    out = []
+    for turn in member:
+        scaled = {"gen": scale.length(turn["gen"])}
+        if "tool_s" in turn:
+            scaled["tool_s"] = turn["tool_s"] * scale.time
+        if turn.get("tool_tokens"):
+            scaled["tool_tokens"] = scale.length(turn["tool_tokens"])
+        out.append(scaled)
+    return out
 
 
 PILOTS: dict[str, Profile] = {p.name: p for p in (
     Profile("long-tail", "per group 7 x 1,024 + 1 x 16,384 tokens, the long one rotating",
-            long_tail_lengths),
-    Profile("equal", "8 x 4,096 tokens per group", _equal),
+            lengths=long_tail_lengths),
+    Profile("equal", "8 x 4,096 tokens per group", lengths=_equal),
     Profile("group-between", "groups differ (1,024 to 8,192 tokens), members equal",
-            _group_between),
+            lengths=_group_between),
     Profile("mixed-tail", "group medians 1,024 to 4,096 tokens, members log-normal "
-            "around them (256 to 16,384)", _mixed_tail),
+            "around them (256 to 16,384)", lengths=_mixed_tail),
 )}
 
 

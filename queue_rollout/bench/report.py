@@ -47,6 +47,54 @@ def pilot_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str, str, st
     return rows
 
 
+#: The seed's figures and where the model's are: (label, seed key, model key, unit).
+SEED_ROWS = (
+    ("first batch ready (s)", "first_batch_s", "first_batch_s", "time"),
+    ("last batch ready (s)", "batches_ready_s", "batches_ready_s", "time"),
+    ("median batch interval (s)", "median_batch_interval_s", "median_batch_interval_s",
+     "time"),
+    ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", "mean_rollout_interval_s",
+     "time"),
+    ("mean cycle, b2-6 (s)", "mean_cycle_s", "mean_cycle_s", "time"),
+    ("steady groups per hour", "accepted_groups_per_hour", "steady_groups_per_hour", "rate"),
+    ("mean active episodes", "mean_active_episodes", "mean_active_episodes", ""),
+    ("GPU busy (NVML utilization)", "gpu_busy", "gpu_busy", ""),
+    ("all candidates complete (s)", "complete_candidates_s", "all_work_completion_s", "time"),
+)
+
+
+def seed_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """(metric, ideal group, ideal sample, ideal change, stack change, seed group, seed
+    sample, seed change) in the reference's units, for each figure the seed reports."""
+    seed = result.get("seed")
+    if not seed:
+        return []
+    t = result["scale"]["time"]
+    factor = {"time": 1 / t, "rate": t, "": 1.0}
+    rows: list[tuple[str, ...]] = []
+    for label, seed_key, key, unit in SEED_ROWS:
+        seed_g = seed.get("group", {}).get(seed_key)
+        seed_s = seed.get("sample", {}).get(seed_key)
+        seed_change = seed.get("change", {}).get(seed_key)
+        if seed_change is None and seed_g and seed_s is not None:
+            seed_change = seed_s / seed_g - 1
+        if seed_g is None and seed_change is None:
+            continue
+        ideal = [result["modes"][m]["ideal"].get(key) for m in ("group", "sample")]
+        ideal = [None if v is None else v * factor[unit] for v in ideal]
+        measured = result["change"].get(key)
+        rows.append((label, _fmt(ideal[0], ".4g"), _fmt(ideal[1], ".4g"),
+                     _change(ideal[1] / ideal[0] - 1 if ideal[0] and ideal[1] is not None
+                             else None),
+                     _change(measured), _fmt(seed_g, ".4g"), _fmt(seed_s, ".4g"),
+                     _change(seed_change)))
+    return rows
+
+
+SEED_HEADER = ("metric (reference units)", "ideal group", "ideal sample", "ideal change",
+               "stack change", "seed group", "seed sample", "seed change")
+
+
 def pilot_text(result: dict[str, Any]) -> str:
     sc = result["scale"]
     lines = [f"bench {result['profile']}: measured at time x{sc['time']:g}, tokens "
@@ -60,6 +108,20 @@ def pilot_text(result: dict[str, Any]) -> str:
                  f"{ideal[1]['all_work_completion_s']:>11.2f}")
     lines.append(f"  {'ideal slot occupancy':<34}{ideal[0]['slot_occupancy']:>11.3f}"
                  f"{ideal[1]['slot_occupancy']:>11.3f}")
+    rows = seed_rows(result)
+    if rows:
+        lines.append("  beside the seed (reference units; the model's ideal schedule):")
+        lines.append(f"  {SEED_HEADER[0]:<34}" + "".join(f"{h:>13}" for h in SEED_HEADER[1:]))
+        lines += [f"  {row[0]:<34}" + "".join(f"{v:>13}" for v in row[1:]) for row in rows]
+    for row in result.get("sensitivity", []):
+        lines.append(f"  sensitivity, {row['choice']}: sample vs group " + ", ".join(
+            f"{k} {_change(v)}" for k, v in row["change"].items() if v is not None))
+    calibration = result.get("calibration") or {}
+    if "achieved" in calibration:
+        lines.append("  calibration (group admission's ideal schedule vs the seed's "
+                     f"baseline, worst {calibration['worst_error']:.1%}): " + ", ".join(
+                         f"{k} {v:.4g} (target {calibration['targets'][k]:.4g})"
+                         for k, v in calibration["achieved"].items()))
     return "\n".join(lines)
 
 
@@ -72,6 +134,29 @@ def pilot_markdown(result: dict[str, Any]) -> str:
                        ("slot_occupancy", "ideal slot occupancy")):
         g, s = (result["modes"][m]["ideal"][key] for m in ("group", "sample"))
         lines.append(f"| {label} | {g:.3f} | {s:.3f} | | | |")
+    rows = seed_rows(result)
+    if rows:
+        lines += ["", "Beside the seed (reference units):", "",
+                  "| " + " | ".join(SEED_HEADER) + " |", "|---" + "|---:" * 7 + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if result.get("sensitivity"):
+        lines += ["", "Sensitivity (ideal schedules, one choice changed at a time; sample "
+                  "refill's change against group admission):", "",
+                  "| choice | first batch | steady groups/h | active episodes | "
+                  "rollout interval | all-work |", "|---|---:|---:|---:|---:|---:|"]
+        for row in result["sensitivity"]:
+            ch = row["change"]
+            lines.append(f"| {row['choice']} | " + " | ".join(_change(ch[k]) for k in (
+                "first_batch_s", "steady_groups_per_hour", "mean_active_episodes",
+                "mean_rollout_interval_s", "all_work_completion_s")) + " |")
+    calibration = result.get("calibration") or {}
+    if "achieved" in calibration:
+        lines += ["", "Calibration: fitted " + ", ".join(
+            f"`{k}` = {v:.4g}" for k, v in calibration["fitted"].items()) + "; group "
+            "admission's ideal schedule against the seed's baseline: " + ", ".join(
+            f"{k} {v:.4g} (target {calibration['targets'][k]:.4g})"
+            for k, v in calibration["achieved"].items())
+            + f"; worst {calibration['worst_error']:.1%}."]
     return "\n".join(lines)
 
 
@@ -145,7 +230,14 @@ def _plot_pilot(plt: Any, out: Path, name: str, runs: dict[str, ModeRun],
     for mode, run in runs.items():
         timeline = run.active_timeline()
         xs, ys = zip(*timeline, strict=True)
-        ax.step(xs, ys, where="post", color=colors[mode], label=labels[mode], linewidth=1)
+        multi_turn = result.get("multi_turn") and run.in_flight
+        ax.step(xs, ys, where="post", color=colors[mode], linewidth=1,
+                label=labels[mode] + (": requests on the replicas" if multi_turn else ""),
+                alpha=0.5 if multi_turn else 1.0)
+        if multi_turn:
+            xs, ys = zip(*run.in_flight, strict=True)
+            ax.step(xs, ys, where="post", color=colors[mode], linewidth=1.5,
+                    label=labels[mode] + ": episodes running (ledger, tool waits included)")
         for a, b in run.pauses:
             ax.axvspan(a, b, color=colors[mode], alpha=0.08)
     ax.axhline(next(iter(runs.values())).slots, color="grey", linestyle=":", label="slots")

@@ -127,12 +127,15 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
 
     from queue_rollout.bench.main import BenchArgs, run_bench
 
+    if args.refit and args.profile not in ("swe-agentic", "boba-math"):
+        raise ConfigError(f"--refit: {args.profile} has no calibration to fit "
+                          "(swe-agentic and boba-math have)")
     return run_bench(BenchArgs(
         profile=args.profile, json=args.json, out=Path(args.out) if args.out else None,
         max_staleness=args.max_staleness, time_scale=args.time_scale,
         token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
         ledger_clients=args.clients, ledger_seconds=6.0 if args.seconds is None else args.seconds,
-        ledger_rounds=args.rounds,
+        ledger_rounds=args.rounds, refit=args.refit, sensitivity=args.sensitivity,
         wait_replicas=args.wait_replicas,
         command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
@@ -374,10 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
             "benchmarks: the pilots through the real stack, the control plane, the ledger")
     p.add_argument("--profile", default="all",
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
-                            "control-plane", "ledger", "calibration", "all", "sim-replica",
-                            "redis-load"],
-                   help="pilots (long-tail, equal, group-between, mixed-tail): both "
-                        "admission modes through the real stack; control-plane: no-op "
+                            "control-plane", "ledger", "calibration", "swe-agentic",
+                            "boba-math", "boba-math-b8", "all", "sim-replica", "redis-load"],
+                   help="pilots (long-tail, equal, group-between, mixed-tail; the seed's "
+                        "workloads swe-agentic, boba-math, boba-math-b8, each at its own "
+                        "shape and scale): both admission modes through the real stack "
+                        "beside their ideal schedules; control-plane: no-op "
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; calibration: the engine model's ideal schedules of "
                         "long-tail and equal under each pause mode beside the reference's "
@@ -390,10 +395,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "(needs matplotlib: queue-rollout[bench])")
     p.add_argument("--max-staleness", type=_non_negative, default=2,
                    help="pilots: the staleness window (default 2: a 3-batch window)")
-    p.add_argument("--time-scale", type=_fraction, default=0.1,
-                   help="pilots: measured seconds per reference second (default 0.1)")
-    p.add_argument("--token-scale", type=_fraction, default=0.125,
+    p.add_argument("--time-scale", type=_fraction, default=None,
+                   help="pilots: measured seconds per reference second (default 0.1; "
+                        "swe-agentic 1/60)")
+    p.add_argument("--token-scale", type=_fraction, default=None,
                    help="pilots: tokens generated per reference token (default 0.125)")
+    p.add_argument("--refit", action="store_true",
+                   help="swe-agentic, boba-math: fit the calibrated parameters to the "
+                        "seed's group-admission baseline again, in virtual time, from the "
+                        "shipped values; prints them (JSON) instead of running the pilot")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="swe-agentic, boba-math, boba-math-b8: also both modes' ideal "
+                        "schedules with one modelling choice changed at a time (KV pool, "
+                        "prompt, tool output, group spread), in the JSON and report")
     p.add_argument("--workers", type=_positive, default=8,
                    help="control-plane: worker processes on each side (default 8)")
     p.add_argument("--episodes", type=_positive, default=8000,

@@ -12,6 +12,7 @@ means for the ledger is decided by its type:
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import typing
@@ -24,6 +25,15 @@ from queue_rollout.errors import QueueRolloutError
 #: SGLang's /pause_generation modes.
 PauseMode = Literal["abort", "in_place", "retract"]
 PAUSE_MODES: tuple[PauseMode, ...] = typing.get_args(PauseMode)
+
+
+def episode_seed(run_seed: int, prompt_id: str, member: int) -> int:
+    """The sampling seed of one episode (I7): (run seed, prompt id, member) only, so a
+    retry samples the same way on a deterministic engine. 63 bits (SGLang: int64).
+    A later turn's seed is ``episode_seed(<episode's seed>, "turn", turn)``."""
+    digest = hashlib.blake2b(f"{run_seed}\x00{prompt_id}\x00{member}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def turn_rid(aid: str, turn: int) -> str:

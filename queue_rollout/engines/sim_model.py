@@ -207,6 +207,12 @@ class SimModel:
         """SGLang's ``token_usage``: tokens held less the evictable cache, of the pool."""
         return (self.used_tokens() - self.cache.evictable) / self.max_total_tokens
 
+    @property
+    def busy(self) -> bool:
+        """Whether the GPU has work: a prefill round or decoding (NVML's utilization
+        counts such time)."""
+        return not self.paused and bool(self._prefill or self.running)
+
     def step_s(self) -> float:
         return (self.step_ms + self.step_ms_per_request * len(self.running)) / 1000.0
 

@@ -22,6 +22,7 @@ waiting on a tool; a request sent to a paused replica waits there, as SGLang hol
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import statistics
 from collections import deque
@@ -65,6 +66,7 @@ class SimReport:
     retractions: int = 0  # requests the replicas retracted (KV memory ran out)
     prefill_tokens: int = 0  # context tokens the replicas computed (recomputation included)
     mean_in_flight: float = 0.0  # episodes holding a slot (tool waits too), time-averaged
+    gpu_busy: float = 0.0  # share of replica time with a prefill or decode running
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -82,18 +84,25 @@ class SimReport:
         return self.mean_active / self.slots
 
     def steady_groups_per_hour(self, batch_size: int) -> float:
-        """Groups consumed per hour from the first batch ready to the last (the
-        reference's steady window: (N - 1) x B groups over that time)."""
-        if len(self.ready_times) < 2:
-            return math.nan
-        span = self.ready_times[-1] - self.ready_times[0]
-        return (len(self.ready_times) - 1) * batch_size / span * 3600.0
+        return steady_groups_per_hour(self.ready_times, batch_size)
 
     @property
     def median_batch_interval(self) -> float:
-        """The median time between successive batches ready."""
-        gaps = [b - a for a, b in zip(self.ready_times, self.ready_times[1:], strict=False)]
-        return statistics.median(gaps) if gaps else math.nan
+        return median_batch_interval(self.ready_times)
+
+
+def steady_groups_per_hour(ready: list[float], batch_size: int) -> float:
+    """Groups consumed per hour from the first batch ready to the last (the reference's
+    steady window: (N - 1) x B groups over that time)."""
+    if len(ready) < 2 or ready[-1] <= ready[0]:
+        return math.nan
+    return (len(ready) - 1) * batch_size / (ready[-1] - ready[0]) * 3600.0
+
+
+def median_batch_interval(ready: list[float]) -> float:
+    """The median time between successive batches ready."""
+    gaps = [b - a for a, b in itertools.pairwise(ready)]
+    return statistics.median(gaps) if gaps else math.nan
 
 
 class SimFarm:
@@ -151,6 +160,7 @@ class SimFarm:
         self.output_tokens = 0
         self._active_area = 0.0
         self._holding_area = 0.0
+        self._busy_area = 0.0
         self._gen_time = 0.0
         self._training_until: float | None = None
         self._admissible = True  # something changed that may let the ledger admit
@@ -196,6 +206,8 @@ class SimFarm:
             all_work_s=last_complete - self._t0,
             mean_active=self._active_area / self._gen_time if self._gen_time else 0.0,
             mean_in_flight=self._holding_area / self._gen_time if self._gen_time else 0.0,
+            gpu_busy=(self._busy_area / self._gen_time / len(self.replicas)
+                      if self._gen_time else 0.0),
             output_tokens=self.output_tokens,
             retractions=sum(r.counters.retracted_requests for r in self.replicas),
             prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
@@ -283,6 +295,7 @@ class SimFarm:
             running = sum(len(r.running) for r in self.replicas)
             self._active_area += running * dt
             self._holding_area += len(self._placed) * dt
+            self._busy_area += sum(r.busy for r in self.replicas) * dt
             self._gen_time += dt
         self.clock.now += dt
         for replica in self.replicas:

@@ -10,12 +10,12 @@ import msgspec
 import pytest
 
 from queue_rollout.config import Config
-from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sglang import SGLangClient, episode_seed
 from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.results import decode_result
 from queue_rollout.workers.episode import AttemptRunner
-from queue_rollout.workers.workflows import episode_seed, extract_answer, load_workflow
+from queue_rollout.workers.workflows import extract_answer, load_workflow
 
 
 def make_config(**sections) -> Config:

@@ -12,14 +12,13 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
-from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sglang import SGLangClient, episode_seed
 from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import EVENTS_GROUP
 from queue_rollout.ledger.outbox import episode_queue, flush_outbox
 from queue_rollout.results import decode_result
-from queue_rollout.workers.workflows import episode_seed
 from testkit import WorkerFarm as Farm
 from testkit import wait_for
 from testkit import write_worker_farm as write_toml

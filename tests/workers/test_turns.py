@@ -15,7 +15,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
-from queue_rollout.engines.sglang import turn_rid
+from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.engines.sim_model import token_ids
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
@@ -25,7 +25,6 @@ from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe
 from queue_rollout.results import decode_result
-from queue_rollout.workers.workflows import episode_seed
 from testkit import WorkerFarm, farm_up, wait_for, write_up_farm, write_worker_farm
 
 PROMPT = list(range(1000, 1064))  # 64 tokens, one prompt for every member of a group

@@ -9,6 +9,7 @@ import pytest
 
 from queue_rollout.bench.pilot import ModeRun, audit, open_bench, run_pilot, window_sweep
 from queue_rollout.bench.profiles import PILOTS, Scale, Shape, manifest_digest
+from queue_rollout.engines.sglang import episode_seed
 from queue_rollout.errors import InvariantViolation
 
 SMALL = Shape(prompts=8, group_size=4, batch_size=2, replicas=2, slots_per_replica=4,
@@ -77,8 +78,9 @@ def test_rollout_interval_and_accepted_rate_follow_the_definitions():
 def _good_run(prompts: list[dict], mode: str = "group") -> ModeRun:
     run = ModeRun(mode, slots=4, ready=[1.0])
     run.delivered = {p["id"]: list(p["member_lengths"]) for p in prompts}
+    run.delivered_turns = {p["id"]: [[n] for n in p["member_lengths"]] for p in prompts}
     run.delivered_prompts = list(prompts)
-    run.requests = [_request(f"{p['id']}-{m}", 0, 1, n)
+    run.requests = [dict(_request(f"{p['id']}-{m}", 0, 1, n), seed=episode_seed(0, p["id"], m))
                     for p in prompts for m, n in enumerate(p["member_lengths"])]
     run.counters = {"finished": sum(len(p["member_lengths"]) for p in prompts)}
     return run
@@ -86,30 +88,42 @@ def _good_run(prompts: list[dict], mode: str = "group") -> ModeRun:
 
 def test_the_audit_passes_a_sound_run_and_names_every_problem():
     prompts = [{"id": "p0", "member_lengths": [3, 5]}, {"id": "p1", "member_lengths": [4, 4]}]
-    assert audit(prompts, [_good_run(prompts)], group_size=2) == []
+    assert audit(prompts, [_good_run(prompts)]) == []
 
     short = _good_run(prompts)
     short.delivered["p0"] = [3, 4]
     assert any("group p0 members produced [3, 4], expected [3, 5]" in p
-               for p in audit(prompts, [short], 2))
+               for p in audit(prompts, [short]))
+    calls = _good_run(prompts)
+    calls.delivered_turns["p1"] = [[4], [1, 3]]
+    assert any("group p1 members' calls produced [[4], [1, 3]], expected [[4], [4]]" in p
+               for p in audit(prompts, [calls]))
 
     twice = _good_run(prompts)
     twice.requests.append(dict(twice.requests[0]))
-    problems = audit(prompts, [twice], 2)
+    problems = audit(prompts, [twice])
     assert any("an rid was sent to the replicas twice" in p for p in problems)
-    assert any("ran 5 requests for 4 episodes" in p for p in problems)
+    assert any("ran 5 requests for 4 model calls" in p for p in problems)
+    assert any("group p0 member 0 call 0: 2 requests in the replicas' logs" in p
+               for p in problems)
 
     lost = _good_run(prompts, "sample")
     del lost.delivered["p1"]
     lost.delivered_prompts = prompts[:1]
-    problems = audit(prompts, [lost], 2)
+    problems = audit(prompts, [lost])
     assert any("sample mode: 1 groups not delivered" in p for p in problems)
-    assert any("prompts delivered differ from the manifest" in p for p in problems)
+    assert not any("prompts delivered differ from the manifest" in p for p in problems)
+    assert audit(prompts, [lost], complete=False) == []  # rolling: what was delivered
+
+    wrong = _good_run(prompts)
+    wrong.delivered_prompts = [dict(prompts[0], prompt="another"), prompts[1]]
+    assert any("prompts delivered differ from the manifest" in p
+               for p in audit(prompts, [wrong]))
 
     sick = _good_run(prompts)
     sick.doctor_problems = ["counter reserved is 1, the records say 0"]
-    assert audit(prompts, [sick], 2) == ["group mode: doctor: counter reserved is 1, the "
-                                         "records say 0"]
+    assert audit(prompts, [sick]) == ["group mode: doctor: counter reserved is 1, the "
+                                      "records say 0"]
 
 
 # -- the real stack ---------------------------------------------------------------------
@@ -137,7 +151,7 @@ def test_a_small_long_tail_pilot_runs_both_modes_through_the_stack(small_long_ta
             "slot_occupancy", "ideal_ratio", "accepted_groups_per_hour", "output_tokens"}
     for mode in ("group", "sample"):
         m = result["modes"][mode]
-        assert keys <= set(m) and keys == set(result["change"])
+        assert keys <= set(m) and keys <= set(result["change"])
         assert m["output_tokens"] == 8 * (3 * 32 + 512)  # every controlled length, exactly
         assert m["reference"]["output_tokens"] == 8 * (3 * 1024 + 16384)
         assert m["reference"]["all_work_completion_s"] == pytest.approx(
@@ -175,7 +189,7 @@ def test_the_report_has_the_tables_and_png_plots(small_long_tail, tmp_path):
 def test_a_failed_audit_stops_the_bench(monkeypatch, tmp_path, redis_server):
     from queue_rollout.bench import pilot
 
-    monkeypatch.setattr(pilot, "audit", lambda *a: ["group mode: made up"])
+    monkeypatch.setattr(pilot, "audit", lambda *a, **k: ["group mode: made up"])
     monkeypatch.setattr(pilot.Bench, "run_mode", lambda self, *a: ModeRun(a[1], 4))
     bench = pilot.Bench(redis_server.url, SMALL, FAST, tmp_path)
     with pytest.raises(InvariantViolation, match="audit failed: group mode: made up"):

@@ -80,6 +80,8 @@ def test_a_multi_turn_episode_holds_its_slot_through_tool_waits_and_reuses_its_c
     # the slot was held through the tool waits: in flight all along, generating less
     assert report.mean_in_flight == pytest.approx(1.0)
     assert report.mean_active == pytest.approx(350 * step / expected, abs=0.01)
+    # the GPU is busy while it prefills or decodes, idle through the tool waits
+    assert report.gpu_busy == pytest.approx((expected - 3.0) / expected, abs=1e-9)
 
 
 def test_a_second_episode_waits_for_the_slot_a_tool_wait_holds(r):
