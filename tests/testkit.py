@@ -219,6 +219,28 @@ class SentinelSet:
         return bool(info.get("role") == "master" and info.get("connected_slaves", 0) >= 1
                     and info.get("slave0", {}).get("state") == "online")
 
+    def describe(self) -> str:
+        """What each node and Sentinel says, and the Sentinels' last log lines: for a
+        test that timed out waiting on the set."""
+        lines = []
+        for n in self.nodes:
+            client = n.client()
+            try:
+                info = client.info("replication")
+                lines.append(f"node {n.port}: role {info.get('role')}, "
+                             f"master_port {info.get('master_port')}, "
+                             f"link {info.get('master_link_status')}, "
+                             f"replicas {info.get('connected_slaves')}")
+            except redis.RedisError as exc:
+                lines.append(f"node {n.port}: {exc}")
+            finally:
+                client.close()
+        for s in self.sentinels:
+            addr = self._ask(s, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
+            tail = s.log_path.read_text().splitlines()[-5:] if s.log_path.exists() else []
+            lines.append(f"sentinel {s.port}: primary {addr}; log: " + " | ".join(tail))
+        return "\n".join(lines)
+
     def stop(self) -> None:
         for proc in [*self.sentinels, *self.nodes]:
             proc.stop()

@@ -17,7 +17,12 @@ from typing import Any, TextIO
 
 from queue_rollout.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
 from queue_rollout.bench.profiles import PILOTS, Profile, Scale, Shape
-from queue_rollout.bench.seed_pilots import SEED_PILOTS
+from queue_rollout.bench.seed_pilots import (
+    SEED_PILOTS,
+    calibration_achieved,
+    refit,
+    sensitivity,
+)
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
@@ -104,8 +109,6 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                 log_to_file(work / "bench.log")
         redis_server = stack.enter_context(EmbeddedRedis(work / "redis", write_url=False))
         if args.refit:
-            from queue_rollout.bench.seed_pilots import refit
-
             fitted = refit(args.profile, redis_server.url, work / "refit", progress)
             emit(fitted, json.dumps(fitted, indent=2))
             pilots = []
@@ -125,12 +128,8 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                     sweeps[name] = window_sweep(bench, profile)
                     result["ideal_window_sweep"] = sweeps[name]
                 if profile.calibration is not None:
-                    from queue_rollout.bench.seed_pilots import calibration_achieved
-
                     calibration_achieved(result, runs[name]["group"], profile, shape, scale)
                 if args.sensitivity and name in SEED_PILOTS:
-                    from queue_rollout.bench.seed_pilots import sensitivity
-
                     result["sensitivity"] = sensitivity(name, redis_server.url, scale,
                                                         shape.max_staleness,
                                                         work / "sensitivity", progress)
