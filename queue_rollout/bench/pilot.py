@@ -23,6 +23,7 @@ import math
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,11 +303,13 @@ class Bench:
     def ideal(self, prompts: list[dict[str, Any]], mode: str, max_staleness: int,
               farm: str, pause_mode: PauseMode = "in_place") -> SimReport:
         """The ideal schedule of the same policy: the same ledger scripts and engine
-        model in virtual time, with zero control-plane overhead."""
+        model in virtual time, with zero control-plane overhead. *farm* names it; a
+        suffix of its own keeps it apart from every other run on this Redis."""
         s, f = self.shape, self.scale.step_factor
         clock = ManualClock()
         rollout = msgspec.convert(self.rollout(mode, max_staleness), RolloutConfig)
-        ledger = Ledger(connect(self.redis_url), farm, rollout, clock=clock)
+        ledger = Ledger(connect(self.redis_url), f"{farm}-{uuid.uuid4().hex[:12]}", rollout,
+                        clock=clock)
         episodes: dict[str, Any] = (
             {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
                               for p in prompts}}

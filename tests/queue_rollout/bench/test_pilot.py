@@ -3,6 +3,7 @@ stack and the report. (The speed targets are benchmarks, not tests: docs/en/benc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -194,3 +195,19 @@ def test_a_failed_audit_stops_the_bench(monkeypatch, tmp_path, redis_server):
     bench = pilot.Bench(redis_server.url, SMALL, FAST, tmp_path)
     with pytest.raises(InvariantViolation, match="audit failed: group mode: made up"):
         run_pilot(bench, PILOTS["equal"], 2)
+
+
+def test_ideal_schedules_of_two_benches_on_one_redis_stay_apart(redis_server, tmp_path):
+    """Each bench (a shape and scale) counts its own runs: the same name from two of
+    them must not reach one ledger (a rolling run leaves groups pending there, which the
+    second would be handed)."""
+    from queue_rollout.bench.pilot import Bench
+
+    shape = Shape(prompts=4, group_size=2, batch_size=2, replicas=1, slots_per_replica=2,
+                  train_s=0.0, train_batches=0)
+    a = Bench(redis_server.url, dataclasses.replace(shape, stop_after=1), FAST, tmp_path / "a")
+    b = Bench(redis_server.url, shape, FAST, tmp_path / "b")
+    first = [{"id": f"a-{i}", "prompt": "a", "member_lengths": [8, 16]} for i in range(4)]
+    second = [{"id": f"b-{i}", "prompt": "b", "member_lengths": [4, 4]} for i in range(4)]
+    assert a.ideal(first, "group", 2, "ideal-1").batches == 1  # groups left pending
+    assert b.ideal(second, "group", 2, "ideal-1").output_tokens == 4 * 8
