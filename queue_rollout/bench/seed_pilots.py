@@ -112,7 +112,9 @@ def boba_profile(name: str = "boba-math", params: ThinkingParams = BOBA_PARAMS,
         calibration=calibration if calibration is not None else {
             "fitted": {k: getattr(params, k) for k in BOBA_FITTED},
             "fixed": {k: v for k, v in params.as_json().items() if k not in BOBA_FITTED},
-            "targets": BOBA_TARGETS, "cap_share": round(cap_share(lengths, params.cap), 4),
+            "cap_share": round(cap_share(lengths, params.cap), 4),
+            # B8 runs the lengths fitted at B16: its own baseline is a prediction too
+            **({"fitted_on": "boba-math"} if b8 else {"targets": BOBA_TARGETS}),
             "how": "boba-math's group admission (B16), ideal schedule, virtual time; "
                    "refit with `queue-rollout bench --profile boba-math --refit`"})
 

@@ -42,6 +42,10 @@ def test_the_seed_profiles_carry_their_shape_scale_seed_and_calibration():
     assert boba.lengths and b8.lengths and boba.lengths(128, 8) == b8.lengths(128, 8)
     for p in (swe, boba, b8):
         assert p.seed and "group" in p.seed and p.calibration and p.calibration["fitted"]
+    # B8 runs the lengths fitted at B16, with no targets of its own to be judged on
+    assert b8.calibration["fitted"] == boba.calibration["fitted"]
+    assert "targets" not in b8.calibration and b8.calibration["fitted_on"] == "boba-math"
+    assert boba.calibration["targets"]["mean_rollout_interval_s"] == 105.2
     assert set(swe.calibration["fitted"]) == {"tool_median_s", "gen_median", "turns_sigma",
                                               "difficulty_sigma"}
     # the manifest at a scale: prompt ids of its own per group, turns scaled
