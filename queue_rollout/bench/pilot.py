@@ -508,7 +508,7 @@ CHANGE_KEYS = ("mean_rollout_interval_s", "all_work_completion_s", "mean_active_
                "steady_groups_per_hour")
 
 
-def _changes(group: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str, float | None]:
+def changes(group: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str, float | None]:
     """sample / group - 1 for every key both have as a number."""
     return {k: round(sample[k] / group[k] - 1, 4) if group.get(k) and sample.get(k) is not None
             else None for k in CHANGE_KEYS if k in group}
@@ -527,9 +527,9 @@ def pilot_json(profile: Profile, shape: Shape, scale: Scale, max_staleness: int,
                   "train_s": shape.train_s, "train_batches": shape.train_batches,
                   "stop_after": shape.stop_after},
         "multi_turn": multi_turn,
-        "modes": modes, "change": _changes(modes["group"], modes["sample"])}
+        "modes": modes, "change": changes(modes["group"], modes["sample"])}
     if group.ideal is not None and sample.ideal is not None:
-        out["ideal_change"] = _changes(modes["group"]["ideal"], modes["sample"]["ideal"])
+        out["ideal_change"] = changes(modes["group"]["ideal"], modes["sample"]["ideal"])
     if profile.seed is not None:
         out["seed"] = dict(profile.seed)
     if profile.calibration is not None:

@@ -145,7 +145,8 @@ class Profile:
             return [{"id": pid, **self._prompt(pid, scale),
                      "member_turns": [_scale_member(m, scale) for m in members]}
                     for pid, members in self.turns(shape.prompts, shape.group_size).items()]
-        assert self.lengths is not None
+        if self.lengths is None:
+            raise ValueError(f"profile {self.name}: neither lengths nor turns")
         return [{"id": pid, **self._prompt(pid, scale),
                  "member_lengths": [scale.length(n) for n in lengths]}
                 for pid, lengths in self.lengths(shape.prompts, shape.group_size).items()]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.bench.pilot import ModeRun
+from queue_rollout.bench.seed_pilots import SENSITIVE
 from queue_rollout.errors import ConfigError
 
 ROWS = (  # (label, key, format)
@@ -146,9 +147,8 @@ def pilot_markdown(result: dict[str, Any]) -> str:
                   "rollout interval | all-work |", "|---|---:|---:|---:|---:|---:|"]
         for row in result["sensitivity"]:
             ch = row["change"]
-            lines.append(f"| {row['choice']} | " + " | ".join(_change(ch[k]) for k in (
-                "first_batch_s", "steady_groups_per_hour", "mean_active_episodes",
-                "mean_rollout_interval_s", "all_work_completion_s")) + " |")
+            lines.append(f"| {row['choice']} | " + " | ".join(_change(ch[k])
+                                                             for k in SENSITIVE) + " |")
     calibration = result.get("calibration") or {}
     if "achieved" in calibration:
         lines += ["", "Calibration: fitted " + ", ".join(

@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from queue_rollout.bench.agentic import AgenticParams, agentic_manifest
 from queue_rollout.bench.fit import Fit, fit
-from queue_rollout.bench.pilot import Bench, ModeRun, manifest_turns, schedule_figures
+from queue_rollout.bench.pilot import (
+    Bench,
+    ModeRun,
+    changes,
+    manifest_turns,
+    schedule_figures,
+)
 from queue_rollout.bench.profiles import Profile, Scale, Shape
 from queue_rollout.bench.thinking import ThinkingParams, cap_share, thinking_lengths
 from queue_rollout.virtual.farm import SimReport
@@ -170,9 +175,7 @@ def refit(name: str, redis_url: str, workdir: Path,
     def evaluate(values: Mapping[str, float]) -> dict[str, float]:
         profile = make(values)
         prompts = profile.manifest(bench.shape, bench.scale)
-        bench.runs += 1
-        report = bench.ideal(prompts, "group", bench.shape.max_staleness,
-                             f"calibrate-{bench.runs}-{time.time_ns()}")
+        report = bench.ideal(prompts, "group", bench.shape.max_staleness, "calibrate")
         figures = baseline_figures(report, prompts, bench.shape, bench.scale)
         progress("  " + json.dumps({k: round(v, 4) for k, v in values.items()}) + " -> "
                  + json.dumps({k: round(figures[k], 4) for k in targets}))
@@ -250,9 +253,7 @@ def sensitivity(name: str, redis_url: str, scale: Scale, max_staleness: int,
         prompts = profile.manifest(shape, scale)
         row: dict[str, Any] = {"choice": choice}
         for mode in ("group", "sample"):
-            bench.runs += 1
-            report = bench.ideal(prompts, mode, max_staleness,
-                                 f"sensitivity-{mode}-{time.time_ns()}")
+            report = bench.ideal(prompts, mode, max_staleness, f"sensitivity-{mode}")
             figures = schedule_figures(report.ready_times, report.pause_ends,
                                        shape.batch_size, shape.train_batches)
             active = report.mean_in_flight if profile.turns else report.mean_active
@@ -263,9 +264,7 @@ def sensitivity(name: str, redis_url: str, scale: Scale, max_staleness: int,
                          "mean_active_episodes": round(active, 2),
                          "mean_rollout_interval_s": _ref(report.mean_rollout_interval, scale),
                          "all_work_completion_s": _ref(report.all_work_s, scale)}
-        row["change"] = {k: round(row["sample"][k] / row["group"][k] - 1, 4)
-                         if row["group"][k] and row["sample"][k] is not None else None
-                         for k in SENSITIVE}
+        row["change"] = changes(row["group"], row["sample"])
         progress(f"{name} sensitivity: {choice}: " + json.dumps(row["change"]))
         out.append(row)
     return out

@@ -154,7 +154,7 @@ def test_a_mode_run_without_pauses_counts_groups_per_hour_first_to_last_batch():
 
 
 def test_a_profile_without_episodes_is_refused():
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="profile none: neither lengths nor turns"):
         Profile("none", "no episodes").manifest(Shape(), Scale())
 
 
