@@ -202,22 +202,34 @@ class SentinelSet:
         port = self.primary_port()
         return next(n for n in self.nodes if n.port == port)
 
-    def settled(self, primary_port: int) -> bool:
-        """Every Sentinel names *primary_port* and the other node replicates from it."""
+    def settled(self, primary_port: int | None = None) -> int | None:
+        """The primary's port once every Sentinel names the same node (*primary_port*
+        when given) and the other node replicates from it, online; else None. A
+        Sentinel may fail over twice (a promoted node starved of CPU past
+        down-after-milliseconds is failed over again): without *primary_port* either
+        node may end as the primary."""
+        named = set()
         for s in self.sentinels:
             addr = self._ask(s, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
-            if not isinstance(addr, list | tuple) or int(addr[1]) != primary_port:
-                return False
-        primary = next(n for n in self.nodes if n.port == primary_port)
+            if not isinstance(addr, list | tuple) or len(addr) != 2:
+                return None
+            named.add(int(addr[1]))
+        if len(named) != 1 or (primary_port is not None and named != {primary_port}):
+            return None
+        [port] = named
+        primary = next((n for n in self.nodes if n.port == port), None)
+        if primary is None:
+            return None
         client = primary.client()
         try:
             info = client.info("replication")
         except redis.RedisError:
-            return False
+            return None
         finally:
             client.close()
-        return bool(info.get("role") == "master" and info.get("connected_slaves", 0) >= 1
-                    and info.get("slave0", {}).get("state") == "online")
+        online = bool(info.get("role") == "master" and info.get("connected_slaves", 0) >= 1
+                      and info.get("slave0", {}).get("state") == "online")
+        return port if online else None
 
     def describe(self) -> str:
         """What each node and Sentinel says, and the Sentinels' last log lines: for a
