@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import redis
 from rq import Queue, Worker
 
 from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
@@ -195,12 +196,7 @@ class Bench:
                 **self.kv_settings()}
 
     def kv_settings(self) -> dict[str, Any]:
-        """The engine model's prefill and KV settings at this scale: sizes scale with
-        tokens, the prefill rate so that a prefill takes the scaled time."""
-        s, scale = self.shape, self.scale
-        return {"prefill_tokens_per_s": s.prefill_tokens_per_s / scale.step_factor,
-                "chunked_prefill_size": scale.length(s.chunked_prefill_size),
-                "max_total_tokens": scale.length(s.max_total_tokens)}
+        return kv_settings(self.shape, self.scale)
 
     def start(self) -> None:
         config = msgspec.convert({"engine": self.engine_section()}, Config)
@@ -215,13 +211,7 @@ class Bench:
         stop_all((e.proc for e in self.engines if e.proc), 10)
 
     def rollout(self, mode: str, max_staleness: int) -> dict[str, object]:
-        s = self.shape
-        rollout: dict[str, object] = {
-            "group_size": s.group_size, "batch_size": s.batch_size,
-            "max_concurrent_rollouts": s.slots // s.group_size, "max_staleness": max_staleness}
-        if mode == "sample":
-            rollout["max_concurrent_samples"] = s.slots
-        return rollout
+        return rollout_settings(self.shape, mode, max_staleness)
 
     # -- one mode ----------------------------------------------------------------------
 
@@ -302,28 +292,63 @@ class Bench:
 
     def ideal(self, prompts: list[dict[str, Any]], mode: str, max_staleness: int,
               farm: str, pause_mode: PauseMode = "in_place") -> SimReport:
-        """The ideal schedule of the same policy: the same ledger scripts and engine
-        model in virtual time, with zero control-plane overhead. *farm* names it; a
-        suffix of its own keeps it apart from every other run on this Redis."""
-        s, f = self.shape, self.scale.step_factor
-        clock = ManualClock()
-        rollout = msgspec.convert(self.rollout(mode, max_staleness), RolloutConfig)
-        ledger = Ledger(connect(self.redis_url), f"{farm}-{uuid.uuid4().hex[:12]}", rollout,
-                        clock=clock)
-        episodes: dict[str, Any] = (
-            {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
-                              for p in prompts}}
-            if "member_turns" in prompts[0] else
-            {"lengths": {p["id"]: p["member_lengths"] for p in prompts}})
-        return SimFarm(
-            ledger, clock, **episodes,
-            replicas=s.replicas, slots_per_replica=s.slots_per_replica,
-            step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
-            train_s=s.train_s * self.scale.time, train_batches=s.train_batches,
-            capacity_slots=s.slots, **self.kv_settings(), pause_mode=pause_mode,
-            prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
-            stop_after=s.stop_after,
-        ).run()
+        """The ideal schedule of the same policy (:func:`ideal_schedule`) on this
+        bench's Redis. *farm* names it; a suffix of its own keeps it apart from every
+        other run on this Redis."""
+        client = connect(self.redis_url)
+        try:
+            return ideal_schedule(client, self.shape, self.scale, prompts, mode,
+                                  max_staleness, f"{farm}-{uuid.uuid4().hex[:12]}",
+                                  pause_mode=pause_mode)
+        finally:
+            client.close()
+
+
+def kv_settings(shape: Shape, scale: Scale) -> dict[str, Any]:
+    """The engine model's prefill and KV settings at *scale*: sizes scale with tokens,
+    the prefill rate so that a prefill takes the scaled time."""
+    return {"prefill_tokens_per_s": shape.prefill_tokens_per_s / scale.step_factor,
+            "chunked_prefill_size": scale.length(shape.chunked_prefill_size),
+            "max_total_tokens": scale.length(shape.max_total_tokens)}
+
+
+def rollout_settings(shape: Shape, mode: str, max_staleness: int) -> dict[str, object]:
+    """The ``[rollout]`` section of *mode* on *shape*: group mode admits whole groups
+    into the slots, sample mode one member per slot."""
+    rollout: dict[str, object] = {
+        "group_size": shape.group_size, "batch_size": shape.batch_size,
+        "max_concurrent_rollouts": shape.slots // shape.group_size,
+        "max_staleness": max_staleness}
+    if mode == "sample":
+        rollout["max_concurrent_samples"] = shape.slots
+    return rollout
+
+
+def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
+                   prompts: list[dict[str, Any]], mode: str, max_staleness: int, farm: str,
+                   *, pause_mode: PauseMode = "in_place",
+                   on_progress: Callable[[SimFarm], None] | None = None) -> SimReport:
+    """The ideal schedule of a policy: the ledger's scripts on *client* under the farm
+    name *farm* (a new one) and the engine model, in virtual time, with zero
+    control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it."""
+    s, f = shape, scale.step_factor
+    clock = ManualClock()
+    rollout = msgspec.convert(rollout_settings(shape, mode, max_staleness), RolloutConfig)
+    ledger = Ledger(client, farm, rollout, clock=clock)
+    episodes: dict[str, Any] = (
+        {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
+                          for p in prompts}}
+        if "member_turns" in prompts[0] else
+        {"lengths": {p["id"]: p["member_lengths"] for p in prompts}})
+    return SimFarm(
+        ledger, clock, **episodes,
+        replicas=s.replicas, slots_per_replica=s.slots_per_replica,
+        step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
+        train_s=s.train_s * scale.time, train_batches=s.train_batches,
+        capacity_slots=s.slots, **kv_settings(shape, scale), pause_mode=pause_mode,
+        prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
+        stop_after=s.stop_after, on_progress=on_progress,
+    ).run()
 
 
 class RunningSampler:
@@ -349,7 +374,10 @@ class RunningSampler:
 
 
 def prompt_length(prompt: dict[str, Any]) -> int:
-    """The tokens a prompt puts before its output: its ``input_ids``, else its text's."""
+    """The tokens a prompt puts before its output: ``prompt_tokens`` where a workload
+    gives only the count, else its ``input_ids``, else its text's."""
+    if "prompt_tokens" in prompt:
+        return int(prompt["prompt_tokens"])
     if "input_ids" in prompt:
         return len(prompt["input_ids"])
     return len(text_tokens(prompt["prompt"]))
@@ -485,21 +513,25 @@ def mode_json(run: ModeRun, scale: Scale, shape: Shape, multi_turn: bool) -> dic
         "accepted_groups_per_hour": _num(run.accepted_groups_per_hour * scale.time, 1),
         "output_tokens": round(run.output_tokens / scale.tokens),
     }
-    out["ideal"] = None if ideal is None else {
+    out["ideal"] = None if ideal is None else ideal_json(ideal, shape, multi_turn)
+    return out
+
+
+def ideal_json(ideal: SimReport, shape: Shape, multi_turn: bool) -> dict[str, Any]:
+    """An ideal schedule's figures (the bench's ``ideal`` block, ``plan``'s rows)."""
+    active = ideal.mean_in_flight if multi_turn else ideal.mean_active
+    return {
         "mean_rollout_interval_s": _num(ideal.mean_rollout_interval, 3),
         "all_work_completion_s": round(ideal.all_work_s, 3),
-        "mean_active_episodes": round(ideal.mean_in_flight if multi_turn
-                                      else ideal.mean_active, 2),
+        "mean_active_episodes": round(active, 2),
         "mean_running_requests": round(ideal.mean_active, 2),
-        "slot_occupancy": round((ideal.mean_in_flight if multi_turn else ideal.mean_active)
-                                / ideal.slots, 4),
+        "slot_occupancy": round(active / ideal.slots, 4),
         "gpu_busy": round(ideal.gpu_busy, 4),
         "retractions": ideal.retractions,
         "prefill_tokens": ideal.prefill_tokens,
         **schedule_figures(ideal.ready_times, ideal.pause_ends, shape.batch_size,
                            shape.train_batches),
     }
-    return out
 
 
 CHANGE_KEYS = ("mean_rollout_interval_s", "all_work_completion_s", "mean_active_episodes",

@@ -56,6 +56,46 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from queue_rollout.plan.main import PlanArgs, run
+
+    if args.profile is not None and args.workload is not None:
+        raise ConfigError("plan: give --profile or --workload, not both")
+    return run(PlanArgs(
+        profile=args.profile, workload=Path(args.workload) if args.workload else None,
+        gpus=args.gpus, slots_per_replica=args.slots_per_replica, group_size=args.group_size,
+        batch_size=args.batch_size, batches=args.batches, train_s=args.train_s,
+        max_staleness=tuple(args.max_staleness or ()), modes=tuple(args.modes),
+        time_scale=args.time_scale, token_scale=args.token_scale, seed=args.seed,
+        redis_load=Path(args.redis_load) if args.redis_load else None, json=args.json,
+        out=Path(args.out) if args.out else None,
+        command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:])),
+        default_staleness=config.rollout.max_staleness)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                         "integers") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 0")
+    return values
+
+
+def _mode_list(text: str) -> list[str]:
+    modes = text.split(",")
+    bad = [m for m in modes if m not in ("group", "sample")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(bad)}; choose from "
+                                         "group, sample")
+    return modes
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -75,6 +115,18 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+#: The bench's pilots, which ``plan`` takes as workloads.
+PLAN_PROFILES = ("long-tail", "equal", "group-between", "mixed-tail", "swe-agentic",
+                 "boba-math", "boba-math-b8")
 
 
 def _fraction(text: str) -> float:
@@ -438,6 +490,46 @@ def build_parser() -> argparse.ArgumentParser:
                    help="redis-load: seconds measured with every slot running (default 30)")
     p.add_argument("--burst-groups", type=_positive, default=160,
                    help="redis-load: groups of 8 tiny episodes in the burst (default 160)")
+
+    p = add("plan", _cmd_plan,
+            "will refill help this workload, and how far does one Redis carry the farm: "
+            "each setting's ideal schedule (the ledger's scripts on a private Redis, "
+            "the engine model, virtual time), a recommendation and the Redis headroom")
+    p.add_argument("--profile", choices=list(PLAN_PROFILES), default=None,
+                   help="a bench profile's workload and shape (default long-tail)")
+    p.add_argument("--workload", metavar="FILE.jsonl",
+                   help="group shapes, one JSON object a line: {\"prompt_tokens\": N, "
+                        "\"members\": [{\"output_tokens\": N} | {\"turns\": [{\"gen\": N, "
+                        "\"tool_s\": S, \"tool_tokens\": N}, ...]}, ...]}; whole groups "
+                        "are sampled by --seed")
+    p.add_argument("--gpus", type=_positive, help="replicas, one per GPU (default: the "
+                   "profile's; 8)")
+    p.add_argument("--slots-per-replica", type=_positive,
+                   help="episode slots per replica (default 16)")
+    p.add_argument("--group-size", type=_positive, help="G (default: the workload's)")
+    p.add_argument("--batch-size", type=_positive, help="B, groups per batch (default 16)")
+    p.add_argument("--batches", type=_positive,
+                   help="K: K x B prompts, a training pause after each batch (default: the "
+                        "profile's schedule; a workload file 8)")
+    p.add_argument("--train-s", type=_non_negative_float,
+                   help="seconds of training after each batch (default 10)")
+    p.add_argument("--max-staleness", type=_int_list,
+                   help="settings to compare, e.g. 0,1,2,4 (default: the config's "
+                        "rollout.max_staleness)")
+    p.add_argument("--modes", type=_mode_list, default=["group", "sample"],
+                   help="admission modes to compare (default group,sample)")
+    p.add_argument("--time-scale", type=_fraction, default=1.0,
+                   help="simulated seconds per real second of the workload (default 1)")
+    p.add_argument("--token-scale", type=_fraction, default=1.0,
+                   help="tokens simulated per token of the workload (default 1)")
+    p.add_argument("--seed", type=_non_negative, default=0,
+                   help="which groups a workload file's sample draws (default 0)")
+    p.add_argument("--redis-load", metavar="FILE",
+                   help="Redis costs from `bench --profile redis-load --json` (default: "
+                        "the figures shipped with the package)")
+    p.add_argument("--json", action="store_true", help="one JSON object per setting")
+    p.add_argument("--out", metavar="DIR", help="write plan.md, plan.jsonl and PNG plots "
+                   "here (needs matplotlib: queue-rollout[bench])")
     return parser
 
 

@@ -1,0 +1,1 @@
+"""``queue-rollout plan``: the virtual-time farm as a planning tool."""
