@@ -19,10 +19,12 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from queue_rollout.engines.tokens import Tokens, common_prefix
+
 
 @dataclass(eq=False)
 class Node:
-    key: tuple[int, ...]  # the edge's tokens, from the parent to this node
+    key: Sequence[int]  # the edge's tokens, from the parent to this node (tuple or Tokens)
     parent: Node | None
     depth: int = 0  # tokens from the root to the end of this node
     children: dict[int, Node] = field(default_factory=dict)  # by their first token
@@ -89,7 +91,7 @@ class PrefixCache:
         while i < n:
             child = node.children.get(context[i])
             if child is None:
-                child = Node(tuple(context[i:]), node, n)
+                child = Node(_freeze(context[i:]), node, n)
                 node.children[context[i]] = child
                 self.tokens += n - i
                 self.nodes += 1
@@ -189,8 +191,17 @@ class PrefixCache:
         heapq.heappush(self._heap, (node.used, self._seq, node))
 
 
-def _common(key: tuple[int, ...], part: Sequence[int]) -> int:
-    """How many leading tokens *key* and *part* share (compared a slice at a time)."""
+def _freeze(tokens: Sequence[int]) -> Sequence[int]:
+    """An edge's key: compact tokens as they are, any other sequence as a tuple."""
+    return tokens if isinstance(tokens, Tokens) else tuple(tokens)
+
+
+def _common(key: Sequence[int], part: Sequence[int]) -> int:
+    """How many leading tokens *key* and *part* share (run against run for compact
+    tokens, else compared a slice at a time)."""
+    if isinstance(key, Tokens) or isinstance(part, Tokens):
+        return common_prefix(Tokens.of(key), Tokens.of(part))
+    key = tuple(key)
     part = tuple(part)
     if key[:len(part)] == part:
         return min(len(key), len(part))

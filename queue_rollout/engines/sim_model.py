@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from queue_rollout.engines.prefix_cache import Node, PrefixCache
+from queue_rollout.engines.tokens import Tokens
 
 PauseMode = Literal["abort", "in_place", "retract"]
 VOCAB = 32_000
@@ -111,8 +112,9 @@ class SimRequest:
     weight_version: str
     prompt: Sequence[int] = ()
     max_new: int = -1  # the request's max_new_tokens (-1: its target)
-    #: the i-th output token (default: the seeded token ids the server returns)
-    token: Callable[[int], int] | None = field(default=None, repr=False)
+    #: its output token ids, compact (a range or Tokens: the virtual farm's); default:
+    #: the seeded ids the server returns, made as they are produced
+    output_ids: Sequence[int] | None = field(default=None, repr=False)
     produced: float = 0.0
     arrived: float = 0.0
     started: float | None = None
@@ -126,26 +128,31 @@ class SimRequest:
     _held: Node | None = None  # the cache path it holds
     _admitted: bool = False  # admitted before (a re-admission's cache hit is not counted)
     _outputs: list[int] = field(default_factory=list, repr=False)
-    _context: tuple[int, list[int]] | None = field(default=None, repr=False)
+    _context: tuple[int, Sequence[int]] | None = field(default=None, repr=False)
 
     @property
     def tokens(self) -> int:
         return min(self.target, int(self.produced + _EPS))
 
-    def output(self, n: int) -> list[int]:
+    def output(self, n: int) -> Sequence[int]:
         """Its first *n* output token ids."""
+        if self.output_ids is not None:
+            return self.output_ids[:n]
         have = len(self._outputs)
         if have < n:
-            self._outputs += ([self.token(i) for i in range(have, n)] if self.token
-                              else token_ids(self.seed, have, n - have))
+            self._outputs += token_ids(self.seed, have, n - have)
         return self._outputs[:n]
 
-    def context(self) -> list[int]:
+    def context(self) -> Sequence[int]:
         """Prompt and output so far (kept while the output does not grow: a request
-        waiting for admission is looked at again and again)."""
+        waiting for admission is looked at again and again); compact
+        (:class:`~.tokens.Tokens`) when its output ids are."""
         n = self.tokens
         if self._context is None or self._context[0] != n:
-            self._context = (n, [*self.prompt, *self.output(n)])
+            context: Sequence[int] = (
+                Tokens.of(self.prompt) + self.output(n) if self.output_ids is not None
+                else [*self.prompt, *self.output(n)])
+            self._context = (n, context)
         return self._context[1]
 
 
@@ -405,7 +412,8 @@ class SimModel:
     @property
     def in_flight(self) -> int:
         """Requests it holds: running, in prefill or waiting."""
-        return len(self._requests())
+        chunked = self._chunked is not None and self._chunked not in self._prefill
+        return len(self.running) + len(self._prefill) + chunked + len(self.waiting)
 
     def active(self, rid: str) -> bool:
         return any(r.rid == rid for r in self._requests())

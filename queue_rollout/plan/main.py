@@ -89,7 +89,10 @@ def workload(args: PlanArgs, shape_of: Shape | None = None
     return profile.name, shape, scale, profile.manifest(shape, scale)
 
 
-def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO = sys.stdout) -> int:
+def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO | None = None) -> int:
+    """Plan *args*; the table (or JSON) on *out* (default: stdout as it is when called),
+    the setting and progress on stderr."""
+    out = out or sys.stdout
     for flag in ("gpus", "slots_per_replica", "group_size", "batch_size", "batches"):
         value = getattr(args, flag)
         if value is not None and value < 1:

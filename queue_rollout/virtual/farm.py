@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
+from queue_rollout.engines.tokens import Tokens
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.virtual.clock import ManualClock
 
@@ -48,7 +49,7 @@ class _Placed:
     turns: list[Turn]
     replica: int = 0
     turn: int = 0  # the turn in flight or the one whose tool runs
-    context: list[int] = field(default_factory=list)  # what the next turn's request carries
+    context: Tokens = field(default_factory=Tokens)  # what the next turn's request carries
 
 
 @dataclass
@@ -146,6 +147,15 @@ class SimFarm:
         self._completed: list[str] = []  # attempt ids whose turn's request completed
         self._tools: list[tuple[float, str]] = []  # (tool ends, attempt id), a heap
         self._episodes_on = [0] * replicas  # episodes each replica's worker holds
+        # Only replicas with an event due are advanced (a thousand replicas each step
+        # would cost more than the events): (when, replica) with the time each was
+        # pushed for, stale entries skipped; the least loaded replica by
+        # (episodes, requests, index), entries checked against the replica's now.
+        self._due: list[tuple[float, int]] = []
+        self._due_at = [math.inf] * replicas
+        self._loads: list[tuple[int, int, int]] = [(0, 0, j) for j in range(replicas)]
+        self._running = 0  # requests running on every replica
+        self._busy = 0  # replicas with a prefill or decode running
         self.slots_per_replica = slots_per_replica
         self.slots = replicas * slots_per_replica
         self.capacity_slots = capacity_slots
@@ -183,7 +193,7 @@ class SimFarm:
             if self._training_until is not None:
                 dt = min(self._training_until, tool) - self.clock.now
             else:
-                dt = min(tool, *(r.next_event() for r in self.replicas)) - self.clock.now
+                dt = min(tool, self._next_due()) - self.clock.now
                 if math.isinf(dt):
                     raise RuntimeError(f"simulation stalled at {self.elapsed:.1f}s: nothing "
                                        "runs, nothing admitted")
@@ -223,8 +233,7 @@ class SimFarm:
                 break
             self.waiting.extend(admission.attempt_ids)
         while self.waiting and self._training_until is None:
-            i = min(range(len(self.replicas)),
-                    key=lambda j: (self._episodes_on[j], self.replicas[j].in_flight))
+            i = self._least_loaded()
             if self._episodes_on[i] >= self.slots_per_replica:
                 break
             aid = self.waiting.popleft()
@@ -233,7 +242,7 @@ class SimFarm:
                 raise RuntimeError(f"start {aid}: {start.reason}")
             self._placed[aid] = _Placed(start.group_id, start.member,
                                         self.turns[start.group_id][start.member], replica=i,
-                                        context=list(self._prompt(start.group_id)))
+                                        context=self._prompt(start.group_id))
             self._episodes_on[i] += 1
             self._send(aid)
 
@@ -241,9 +250,9 @@ class SimFarm:
         """The request of the episode's current turn, with its whole context."""
         p = self._placed[aid]
         rid = turn_rid(aid, p.turn)
-        self.replicas[p.replica].submit(SimRequest(
+        self._touch(p.replica, lambda replica: replica.submit(SimRequest(
             rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context,
-            token=_tokens_of(rid).__getitem__, on_done=self._on_done))
+            output_ids=_tokens_of(rid), on_done=self._on_done)))
 
     def _turn_done(self, aid: str) -> bool:
         """A turn's request completed: the episode ends, or its tool runs (its slot
@@ -251,7 +260,7 @@ class SimFarm:
         grows in place: the request that carried it has ended.)"""
         p = self._placed[aid]
         gen, tool_s, _ = p.turns[p.turn]
-        p.context += _tokens_of(turn_rid(aid, p.turn))[:gen]
+        p.context += _tokens_of(turn_rid(aid, p.turn))[:gen]  # a new Tokens
         if p.turn + 1 == len(p.turns):
             return True
         if tool_s > 0:
@@ -267,9 +276,9 @@ class SimFarm:
         p.turn += 1
         self._send(aid)
 
-    def _prompt(self, group_id: str) -> range:
+    def _prompt(self, group_id: str) -> Tokens:
         """A group's prompt: token ids of its own (its members share them)."""
-        return _tokens_of(group_id)[:self.prompt_tokens.get(group_id, 1)]
+        return Tokens.of(_tokens_of(group_id)[:self.prompt_tokens.get(group_id, 1)])
 
     def _on_done(self, request: SimRequest, reason: dict[str, object]) -> None:
         if reason["type"] == "abort":  # by a pause in "abort" mode: resumed after it
@@ -283,29 +292,75 @@ class SimFarm:
         aborted, self._aborted = self._aborted, []
         for i, r in aborted:
             done = r.tokens
-            self.replicas[i].submit(SimRequest(
-                r.rid, seed=0, target=r.target - done, weight_version="",
-                prompt=[*r.prompt, *r.output(done)],
-                token=_tokens_of(r.rid)[done:].__getitem__, on_done=self._on_done))
+            again = SimRequest(r.rid, seed=0, target=r.target - done, weight_version="",
+                               prompt=Tokens.of(r.prompt) + r.output(done),
+                               output_ids=_tokens_of(r.rid)[done:], on_done=self._on_done)
+            self._touch(i, lambda replica, again=again: replica.submit(again))
 
     def _advance(self, dt: float) -> list[str]:
         """Move every replica (and the clock) *dt* seconds on; the attempts that
         completed meanwhile, in order."""
         if self._training_until is None:
-            running = sum(len(r.running) for r in self.replicas)
-            self._active_area += running * dt
+            self._active_area += self._running * dt
             self._holding_area += len(self._placed) * dt
-            self._busy_area += sum(r.busy for r in self.replicas) * dt
+            self._busy_area += self._busy * dt
             self._gen_time += dt
         self.clock.now += dt
-        for replica in self.replicas:
-            replica.advance(self.clock.now)
+        due = set()
+        while self._due and self._due[0][0] <= self.clock.now:
+            when, j = heapq.heappop(self._due)
+            if when == self._due_at[j]:
+                due.add(j)
+        for j in sorted(due):  # in replica order, as their completions are handled
+            self._due_at[j] = math.inf
+            self._touch(j, lambda replica: None)
         finished, self._completed = self._completed, []
         return finished
+
+    # -- the replicas, advanced only when due or touched --------------------------------
+
+    def _touch(self, j: int, act: Callable[[SimModel], object]) -> None:
+        """Bring replica *j* to now, do *act* to it, and keep the farm's books on it:
+        its running and busy counts, its next event, its load."""
+        replica = self.replicas[j]
+        self._running -= len(replica.running)
+        self._busy -= replica.busy
+        replica.advance(self.clock.now)
+        act(replica)
+        self._running += len(replica.running)
+        self._busy += replica.busy
+        when = replica.next_event()
+        if when != self._due_at[j]:
+            self._due_at[j] = when
+            if when < math.inf:
+                heapq.heappush(self._due, (when, j))
+        self._loaded(j)
+
+    def _next_due(self) -> float:
+        while self._due and self._due[0][0] != self._due_at[self._due[0][1]]:
+            heapq.heappop(self._due)  # stale: the replica was touched since
+        return self._due[0][0] if self._due else math.inf
+
+    def _loaded(self, j: int) -> None:
+        """Replica *j*'s load changed: its entry in the least-loaded heap."""
+        heapq.heappush(self._loads, (self._episodes_on[j], self.replicas[j].in_flight, j))
+        if len(self._loads) > 8 * len(self.replicas) + 1024:  # drop stale entries
+            self._loads = [(self._episodes_on[k], self.replicas[k].in_flight, k)
+                           for k in range(len(self.replicas))]
+            heapq.heapify(self._loads)
+
+    def _least_loaded(self) -> int:
+        """The replica with the fewest episodes, then requests, then the lowest index."""
+        while True:
+            episodes, requests, j = self._loads[0]
+            if episodes == self._episodes_on[j] and requests == self.replicas[j].in_flight:
+                return j
+            heapq.heappop(self._loads)
 
     def _finish(self, aid: str) -> bool:
         r = self._placed.pop(aid)
         self._episodes_on[r.replica] -= 1
+        self._loaded(r.replica)
         self._admissible = True
         tokens = sum(t[0] for t in r.turns)
         answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=tokens,
@@ -332,8 +387,8 @@ class SimFarm:
                 self._held = delivery.batch.id
                 self._training_until = self.clock.now + self.train_s
                 self.ledger.set_paused(True)
-                for replica in self.replicas:
-                    replica.pause(self.pause_mode)
+                for j in range(len(self.replicas)):
+                    self._touch(j, lambda replica: replica.pause(self.pause_mode))
                 self._deliverable = True  # another batch may be ready after the pause
                 return
             # the drain: consumed without a pause, the version still raised (the budget grows)
@@ -347,8 +402,8 @@ class SimFarm:
         self.ledger.set_version(self.ledger.version() + 1)
         self.ledger.set_paused(False)
         self._admissible = True
-        for replica in self.replicas:
-            replica.resume()
+        for j in range(len(self.replicas)):
+            self._touch(j, lambda replica: replica.resume())
         self._resume_aborted()
         self.pause_ends.append(self.clock.now)
         self._training_until = None

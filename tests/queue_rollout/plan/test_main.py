@@ -1,0 +1,111 @@
+"""``queue-rollout plan``: the bench's ideal schedule per setting, the recommendation,
+the headroom, and clear refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from queue_rollout.bench.main import BenchArgs, pilot_profile, pilot_setting
+from queue_rollout.bench.pilot import Bench, ideal_json
+from queue_rollout.cli.main import main
+from queue_rollout.plan.main import PlanArgs, run, workload
+
+
+def rows(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_at_a_profiles_shape_and_scale_plan_gives_the_bench_ideal_schedule(
+        redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = PlanArgs(profile="mixed-tail", time_scale=0.1, token_scale=0.125,
+                    max_staleness=(2,), json=True, live=False)
+    assert run(args) == 0
+    got = rows(capsys)
+    shape, scale = pilot_setting(pilot_profile("mixed-tail"), BenchArgs("mixed-tail"))
+    _, plan_shape, plan_scale, prompts = workload(args)
+    assert (plan_shape, plan_scale) == (shape, scale)
+    bench = Bench(redis_url, shape, scale, tmp_path)
+    assert [r["mode"] for r in got] == ["group", "sample"]
+    for row in got:
+        ideal = ideal_json(bench.ideal(prompts, str(row["mode"]), 2, "agree"), shape, False)
+        assert {k: row[k] for k in ideal} == ideal
+        assert row["episodes"] == 128 * 8
+        assert isinstance(row["ledger_commands_per_episode"], float)
+        assert row["ledger_commands_per_episode"] > 0
+
+
+def test_each_setting_is_a_row_and_the_recommendation_weighs_staleness(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--profile", "long-tail", "--gpus", "2", "--batch-size", "4",
+                 "--batches", "4", "--max-staleness", "0,2", "--time-scale", "0.1",
+                 "--token-scale", "0.125"])
+    assert code == 0
+    out = capsys.readouterr().out
+    table, advice, redis_line = out.split("\n\n")[0], out.split("\n\n")[1].splitlines()[0], \
+        out.split("\n\n")[1].splitlines()[1]
+    assert len(table.splitlines()) == 1 + 4  # a header and (group, sample) x (0, 2)
+    assert advice.startswith("recommendation: ")
+    assert "against group admission at max_staleness 0" in advice or "keep group" in advice
+    assert redis_line.startswith("Redis: ") and "headroom x" in redis_line
+
+
+def test_json_rows_carry_staleness_and_headroom(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpus", "2", "--batch-size", "4", "--batches", "5",
+                 "--max-staleness", "4", "--time-scale", "0.1", "--token-scale", "0.125",
+                 "--json"]) == 0
+    group, sample = rows(capsys)
+    assert group["workload"] == "long-tail" and group["batches"] == 5
+    for row in (group, sample):
+        assert isinstance(row["mean_consumed_staleness"], float)
+        assert 0 <= row["mean_consumed_staleness"] <= 4
+        redis = row["redis"]
+        assert isinstance(redis, dict) and redis["gpus"] == 2 and redis["headroom"] > 1
+    # with room for 4 versions, refill runs ahead of the trainer: staler groups
+    assert sample["mean_consumed_staleness"] > group["mean_consumed_staleness"]
+
+
+def test_a_workload_file_plans_its_own_group_size(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt_tokens": 64, "members": [
+        {"output_tokens": n} for n in lengths]}) for lengths in ([100, 120, 900, 90],
+                                                                  [300, 310, 290, 305])))
+    assert main(["plan", "--workload", str(path), "--gpus", "1", "--slots-per-replica", "8",
+                 "--batch-size", "2", "--batches", "3", "--json"]) == 0
+    got = rows(capsys)
+    assert {r["workload"] for r in got} == {str(path)}
+    assert all(r["episodes"] == 3 * 2 * 4 for r in got)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--profile", "nope"], "invalid choice: 'nope'"),
+    (["--gpus", "0"], "must be a positive integer"),
+    (["--max-staleness", "1,x"], "not a comma-separated list"),
+    (["--modes", "group,fast"], "unknown mode(s) fast"),
+    (["--gpus", "1", "--slots-per-replica", "4"], "a group of 8 members does not fit "
+                                                  "the farm's 4 slots"),
+])
+def test_bad_input_exits_2_with_a_message(argv: list[str], says: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(["plan", *argv])
+    except SystemExit as exc:  # argparse refuses before the command runs
+        code = int(exc.code or 0)
+    assert code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_bad_workload_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty, bad = tmp_path / "empty.jsonl", tmp_path / "bad.jsonl"
+    empty.write_text("")
+    bad.write_text('{"members": [{"output_tokens": 5}]}\n{"members": [{"output_tokens": -1}]}\n')
+    assert main(["plan", "--workload", str(empty)]) == 2
+    assert "no group shapes" in capsys.readouterr().err
+    assert main(["plan", "--workload", str(bad)]) == 2
+    assert "line 2: member 0 output_tokens must be an integer >= 1" in capsys.readouterr().err
+    assert main(["plan", "--workload", str(bad), "--profile", "equal"]) == 2
+    assert main(["plan", "--redis-load", str(empty)]) == 2
+    assert "--redis-load" in capsys.readouterr().err
