@@ -28,6 +28,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
@@ -295,7 +296,7 @@ class SimFarm:
             again = SimRequest(r.rid, seed=0, target=r.target - done, weight_version="",
                                prompt=Tokens.of(r.prompt) + r.output(done),
                                output_ids=_tokens_of(r.rid)[done:], on_done=self._on_done)
-            self._touch(i, lambda replica, again=again: replica.submit(again))
+            self._touch(i, partial(SimModel.submit, request=again))
 
     def _advance(self, dt: float) -> list[str]:
         """Move every replica (and the clock) *dt* seconds on; the attempts that
