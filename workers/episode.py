@@ -46,6 +46,7 @@ from queue_rollout.engines.sglang import (
 from queue_rollout.engines.sim_server import prompt_params
 from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.core import Answer, Ledger, Renewal
+from queue_rollout.ledger.group_shapes import member_shape
 from queue_rollout.results import EpisodeResult, encode_result
 from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow
 
@@ -369,12 +370,15 @@ class AttemptRunner:
             blob = encode_result(EpisodeResult(member=member, output_ids=[], logprobs=[],
                                                version_runs=[], finish_reason="oversized",
                                                turns=ctx.turns, error=error))  # no lengths
+        shape = (member_shape(ctx.call_contexts[0], ctx.turn_lengths, ctx.tool_after,
+                              ctx.call_contexts)
+                 if outcome == "finished" and ctx.call_contexts else "")
         answer: Answer = self._until_answered(
             f"finish {aid}", lambda: self.ledger.finish(
                 aid, member, blob, output_tokens=len(ctx.output_ids), outcome=outcome,
                 reason=reason, prefill_computed=ctx.prompt_tokens - ctx.cached_tokens,
                 prefill_cached=ctx.cached_tokens, turns=ctx.turns,
-                tool_seconds=ctx.tool_seconds))
+                tool_seconds=ctx.tool_seconds, shape=shape))
         if answer.ignored:
             log.info("attempt %s: result ignored (%s)", aid, answer.reason)
             return "ignored"

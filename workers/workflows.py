@@ -59,7 +59,9 @@ class EpisodeContext:
     prompt_tokens: int = 0  # context tokens sent, over every call (the replica's count)
     cached_tokens: int = 0  # of those, found in the replica's prefix cache
     turn_lengths: list[int] = field(default_factory=list)  # output tokens of each call
+    call_contexts: list[int] = field(default_factory=list)  # context tokens of each call
     tool_seconds: list[float] = field(default_factory=list)  # each tool wait
+    tool_after: list[float] = field(default_factory=list)  # tool seconds after each call
     #: how a tool wait holds the slot (the worker's: recorded in the ledger, stoppable)
     tool_wait: Callable[[float], None] = field(default=time.sleep, repr=False)
 
@@ -81,6 +83,8 @@ class EpisodeContext:
         self.prompt_tokens += gen.prompt_tokens or 0
         self.cached_tokens += gen.cached_tokens
         self.turn_lengths.append(len(gen.output_ids))
+        self.call_contexts.append(gen.prompt_tokens or 0)
+        self.tool_after.append(0.0)
         return gen
 
     def tool(self, seconds: float) -> None:
@@ -89,6 +93,8 @@ class EpisodeContext:
         if seconds > 0:
             self.tool_wait(seconds)
             self.tool_seconds.append(seconds)
+            if self.tool_after:
+                self.tool_after[-1] += seconds
 
 
 class Workflow(Protocol):

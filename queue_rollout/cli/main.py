@@ -62,10 +62,25 @@ def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
 
     from queue_rollout.plan.main import PlanArgs, run
 
-    if args.profile is not None and args.workload is not None:
-        raise ConfigError("plan: give --profile or --workload, not both")
+    given = [flag for flag, value in (("--profile", args.profile),
+                                      ("--workload", args.workload),
+                                      ("--from-farm", args.from_farm)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"plan: give one workload, not {' and '.join(given)}")
+    recorded = None
+    if args.from_farm:
+        from queue_rollout.ledger.connection import connect_config
+        from queue_rollout.ledger.group_shapes import recorded_shapes
+        from queue_rollout.ledger.keys import Keys
+
+        client = connect_config(config)
+        try:
+            recorded = tuple(recorded_shapes(client, Keys(config.farm.name)))
+        finally:
+            client.close()
     return run(PlanArgs(
         profile=args.profile, workload=Path(args.workload) if args.workload else None,
+        recorded=recorded, farm=config.farm.name,
         gpus=args.gpus, slots_per_replica=args.slots_per_replica, group_size=args.group_size,
         batch_size=args.batch_size, batches=args.batches, train_s=args.train_s,
         max_staleness=tuple(args.max_staleness or ()), modes=tuple(args.modes),
@@ -502,6 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "\"members\": [{\"output_tokens\": N} | {\"turns\": [{\"gen\": N, "
                         "\"tool_s\": S, \"tool_tokens\": N}, ...]}, ...]}; whole groups "
                         "are sampled by --seed")
+    p.add_argument("--from-farm", action="store_true",
+                   help="the group shapes the farm of -c recorded (the newest 4,096 groups "
+                        "that completed with every member finished; `status` shows how "
+                        "many), sampled by --seed")
     p.add_argument("--gpus", type=_positive, help="replicas, one per GPU (default: the "
                    "profile's; 8)")
     p.add_argument("--slots-per-replica", type=_positive,

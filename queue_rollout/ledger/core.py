@@ -19,6 +19,7 @@ import redis
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.durable import SELF_RECEIPTED, UNWAITED, DurableCalls, WaitPolicy
+from queue_rollout.ledger.group_shapes import SHAPES_KEPT
 from queue_rollout.ledger.keys import EVENTS_GROUP, Keys, episode_field
 from queue_rollout.ledger.records import (
     SUPERSEDED,
@@ -219,22 +220,24 @@ class Ledger:
         outcome: Literal["finished", "failed"] = "finished",
         reason: Literal["workflow", "oversized"] = "workflow",
         prefill_computed: int = 0, prefill_cached: int = 0, turns: int = 1,
-        tool_seconds: Sequence[float] = (),
+        tool_seconds: Sequence[float] = (), shape: str = "",
     ) -> Answer:
         """Record an attempt's result; ``recorded`` (``group_complete`` when it ended the
         group's last member) or ``ignored`` with the reason. A failed episode is counted
         by *reason* (``failed:<reason>``); its context tokens the replica computed and
         found cached are added to ``prefill:computed`` and ``prefill:cached``, its
         *turns* (requests to the replica) to ``turns``; each of its *tool_seconds* is
-        an observation of the tool-wait histogram."""
+        an observation of the tool-wait histogram. *shape*: the member's shape
+        (:func:`~queue_rollout.ledger.shapes.member_shape`); a group whose members all
+        left one joins the farm's shape history when it completes."""
         k = self.keys
         return self._answer(
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
-             k.observations],
+             k.observations, k.shape_parts, k.shapes],
             aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
             max(0, prefill_cached), self._call_id(), max(0, turns),
-            ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds),
+            ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds), shape, SHAPES_KEPT,
         )
 
     def mark_doubtful(self, aid: str, cause: str) -> Answer:

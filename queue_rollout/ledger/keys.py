@@ -67,6 +67,16 @@ class Keys:
         return self._k("results")
 
     @property
+    def shape_parts(self) -> str:
+        """Hash ``gid/member`` -> a finished member's shape, until its group completes."""
+        return self._k("shape_parts")
+
+    @property
+    def shapes(self) -> str:
+        """Capped list of completed groups' shapes, newest first (``plan --from-farm``)."""
+        return self._k("shapes")
+
+    @property
     def outbox(self) -> str:
         """List of attempt ids whose RQ job is still to be enqueued."""
         return self._k("outbox")

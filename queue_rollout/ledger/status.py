@@ -32,7 +32,8 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     pipe.hgetall(keys.state)
     pipe.llen(keys.pending)
     pipe.llen(keys.ready)
-    raw_counters, raw_state, pending, ready = pipe.execute()
+    pipe.llen(keys.shapes)
+    raw_counters, raw_state, pending, ready, shapes = pipe.execute()
     replicas = _online_replicas(client)
     c = {k.decode(): int(v) for k, v in raw_counters.items()}
     state = {k.decode(): v.decode() for k, v in raw_state.items()}
@@ -62,6 +63,7 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
             "consumed": c.get("consumed", 0),
         },
         "workers": {"alive": len(workers), "slots": live_worker_slots},
+        "shapes_kept": shapes,
     }
 
 
@@ -86,7 +88,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"({s['active_episodes'] - s['tool_waits']} generating, {s['tool_waits']} in a tool "
         f"wait), {s['doubtful']} doubtful",
         f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
-        f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed",
+        f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed; "
+        f"{s['shapes_kept']} shapes kept for `plan --from-farm`",
         f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",
         f"redis     primary {s['redis_primary']}, {_replicas_text(s['redis_replicas'])}"
         + (f", changes wait for {s['redis_wait_replicas']}" if s["redis_wait_replicas"] else ""),

@@ -22,7 +22,7 @@ from queue_rollout.errors import BadInput
 from queue_rollout.plan.headroom import Headroom, headroom, load_redis_costs
 from queue_rollout.plan.report import recommend, table, write_report
 from queue_rollout.plan.run import MODES, PlanRun, Setting, run_plan
-from queue_rollout.plan.workload import read_shapes, sample_manifest
+from queue_rollout.plan.workload import farm_shapes, read_shapes, sample_manifest
 
 #: Batches a workload file is planned over unless ``--batches`` says otherwise.
 FILE_BATCHES = 8
@@ -32,6 +32,9 @@ FILE_BATCHES = 8
 class PlanArgs:
     profile: str | None = None  # None with no workload: long-tail
     workload: Path | None = None
+    #: group shapes a farm recorded (``--from-farm``), and the farm's name
+    recorded: tuple[dict[str, Any], ...] | None = None
+    farm: str = ""
     gpus: int | None = None  # replicas, one per GPU
     slots_per_replica: int | None = None
     group_size: int | None = None
@@ -78,12 +81,13 @@ def workload(args: PlanArgs, shape_of: Shape | None = None
              ) -> tuple[str, Shape, Scale, list[dict[str, Any]]]:
     """The workload's name, the shape it runs at, the scale and its prompt manifest."""
     scale = Scale(time=args.time_scale, tokens=args.token_scale)
-    if args.workload is not None:
-        shapes = read_shapes(args.workload)
+    if args.workload is not None or args.recorded is not None:
+        name, shapes = ((str(args.workload), read_shapes(args.workload))
+                        if args.workload is not None else
+                        (f"farm {args.farm}", farm_shapes(args.farm, list(args.recorded or ()))))
         shape = plan_shape(shape_of or Shape(), args, group_size=len(shapes[0]["members"]),
                            batches=FILE_BATCHES)
-        return (str(args.workload), shape, scale,
-                sample_manifest(shapes, shape.prompts, args.seed, scale))
+        return name, shape, scale, sample_manifest(shapes, shape.prompts, args.seed, scale)
     profile: Profile = pilot_profile(args.profile or "long-tail")
     shape = plan_shape(shape_of or profile.shape or Shape(), args)
     return profile.name, shape, scale, profile.manifest(shape, scale)

@@ -55,6 +55,23 @@ def read_shapes(path: Path) -> list[dict[str, Any]]:
     return shapes
 
 
+def farm_shapes(farm: str, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The shapes farm *farm* recorded (``finish`` keeps them as groups complete),
+    checked as a workload file's lines are."""
+    if not recorded:
+        raise WorkloadError(f"farm {farm}: no group shapes kept yet (a group's shape is "
+                            "kept when it completes with every member finished)")
+    shapes = []
+    for entry in recorded:
+        try:
+            shapes.append(check_shape(entry))
+        except ValueError as exc:
+            raise WorkloadError(f"farm {farm}: group {entry.get('group_id')!r}: {exc}") from None
+    if len({len(s["members"]) for s in shapes}) > 1:
+        raise WorkloadError(f"farm {farm}: groups of different sizes in its history")
+    return shapes
+
+
 def _count(value: object, what: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")

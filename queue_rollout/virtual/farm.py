@@ -34,6 +34,7 @@ from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
 from queue_rollout.engines.tokens import Tokens
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.group_shapes import member_shape
 from queue_rollout.virtual.clock import ManualClock
 
 _EPS = 1e-9
@@ -364,9 +365,14 @@ class SimFarm:
         self._loaded(r.replica)
         self._admissible = True
         tokens = sum(t[0] for t in r.turns)
-        answer = self.ledger.finish(aid, r.member, b"{}", output_tokens=tokens,
-                                    turns=len(r.turns),
-                                    tool_seconds=[t[1] for t in r.turns[:-1] if t[1] > 0])
+        prompt = self.prompt_tokens.get(r.group_id, 1)
+        contexts = list(itertools.accumulate((t[0] + t[2] for t in r.turns[:-1]),
+                                             initial=prompt))
+        answer = self.ledger.finish(
+            aid, r.member, b"{}", output_tokens=tokens, turns=len(r.turns),
+            tool_seconds=[t[1] for t in r.turns[:-1] if t[1] > 0],
+            shape=member_shape(prompt, [t[0] for t in r.turns], [t[1] for t in r.turns],
+                               contexts))
         if answer.status != "recorded":
             raise RuntimeError(f"finish {aid}: {answer.reason}")
         self.output_tokens += tokens

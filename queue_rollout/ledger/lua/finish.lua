@@ -12,6 +12,8 @@
 -- KEYS[6] = doubt sorted set
 -- KEYS[7] = events stream (group completions)
 -- KEYS[8] = observations stream (metrics)
+-- KEYS[9] = shape parts hash (gid/member -> a finished member's shape, JSON)
+-- KEYS[10] = shapes list (completed groups' shapes, newest first, capped)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = member index the worker ran
@@ -27,6 +29,8 @@
 --           '' when calls are not resent: nothing is kept)
 -- ARGV[11] = the episode's turns: its requests to the replica, one per turn
 -- ARGV[12] = the seconds of each of its tool waits, comma-separated ('' for none)
+-- ARGV[13] = the member's shape, a JSON object ('' for none: the group is not kept)
+-- ARGV[14] = how many group shapes the shapes list keeps
 -- Returns {'recorded', 'group_complete' | ''} | {'ignored', reason}
 -- The call sent again after it was applied (its answer lost, or a replica short when
 -- the farm waits for replicas) answers what it answered then and changes nothing.
@@ -61,7 +65,24 @@ bump(counters, 'turns', tonumber(ARGV[11]))
 for seconds in string.gmatch(ARGV[12], '[^,]+') do observe(KEYS[8], 'tool_s', seconds) end
 if outcome == 'failed' then bump(counters, 'failed:' .. ARGV[7], 1) end
 if a.started_at then observe(KEYS[8], 'episode_s', now - a.started_at) end
+if outcome == 'finished' and ARGV[13] ~= '' then
+  redis.call('HSET', KEYS[9], episode_field(a.g, a.m), ARGV[13])
+end
 local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
-if episode_terminal(k, now, g, outcome) then a.completed = true end
+if episode_terminal(k, now, g, outcome) then
+  a.completed = true
+  -- the group's shape, when every member left one: {"group_id", "members": [...]}
+  local fields = {}
+  for m = 0, g.G - 1 do fields[m + 1] = episode_field(g.id, m) end
+  local parts = redis.call('HMGET', KEYS[9], unpack(fields))
+  redis.call('HDEL', KEYS[9], unpack(fields))
+  local whole = true
+  for m = 1, g.G do if not parts[m] then whole = false end end
+  if whole then
+    redis.call('LPUSH', KEYS[10], '{"group_id":' .. cjson.encode(g.id) .. ',"members":['
+               .. table.concat(parts, ',') .. ']}')
+    redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[14]) - 1)
+  end
+end
 put_json(KEYS[2], aid, a)
 return {'recorded', a.completed and 'group_complete' or ''}

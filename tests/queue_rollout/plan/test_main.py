@@ -109,3 +109,30 @@ def test_bad_workload_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["plan", "--workload", str(bad), "--profile", "equal"]) == 2
     assert main(["plan", "--redis-load", str(empty)]) == 2
     assert "--redis-load" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_a_64_gpu_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpus", "64", "--batch-size", "64", "--batches", "6",
+                 "--json"]) == 0
+    group, sample = rows(capsys)
+    for row in (group, sample):
+        assert row["batches"] == 6 and row["episodes"] == 6 * 64 * 8
+        redis = row["redis"]
+        assert isinstance(redis, dict) and redis["gpus"] == 64
+        assert redis["connections"] == round(64 * 4.02)  # the shipped redis-load figures
+        assert 0 < redis["core_pct"] < 100
+
+
+def test_out_writes_a_report_with_plots(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    assert main(["plan", "--gpus", "2", "--batch-size", "4", "--batches", "3",
+                 "--time-scale", "0.1", "--token-scale", "0.125", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = (out / "plan.md").read_text()
+    advice = next(line for line in printed.splitlines() if line.startswith("recommendation"))
+    assert advice in report and "| mode |" in report
+    for name in ("plan-interval.png", "plan-staleness.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert len((out / "plan.jsonl").read_text().splitlines()) == 2
