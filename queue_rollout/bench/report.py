@@ -160,10 +160,8 @@ def pilot_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(out: Path, results: list[dict[str, Any]],
-                 runs: dict[str, dict[str, ModeRun]], sweeps: dict[str, list[dict[str, Any]]],
-                 command: str) -> Path:
-    """``report.md`` and the PNG plots under *out*; returns the report's path."""
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files; a clear error where it is not installed."""
     try:
         import matplotlib
 
@@ -172,6 +170,14 @@ def write_report(out: Path, results: list[dict[str, Any]],
     except ImportError:
         raise ConfigError("--out draws plots with matplotlib: "
                           "pip install 'queue-rollout[bench]'") from None
+    return plt
+
+
+def write_report(out: Path, results: list[dict[str, Any]],
+                 runs: dict[str, dict[str, ModeRun]], sweeps: dict[str, list[dict[str, Any]]],
+                 command: str) -> Path:
+    """``report.md`` and the PNG plots under *out*; returns the report's path."""
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     md = ["# queue-rollout bench report", "",
           f"Command: `{command}`", "",

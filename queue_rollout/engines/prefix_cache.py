@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from queue_rollout.engines.tokens import Tokens, common_prefix
+from queue_rollout.engines.tokens import Tokens, common_prefix, shared_prefix
 
 
 @dataclass(eq=False)
@@ -201,15 +201,6 @@ def _common(key: Sequence[int], part: Sequence[int]) -> int:
     tokens, else compared a slice at a time)."""
     if isinstance(key, Tokens) or isinstance(part, Tokens):
         return common_prefix(Tokens.of(key), Tokens.of(part))
-    key = tuple(key)
-    part = tuple(part)
-    if key[:len(part)] == part:
-        return min(len(key), len(part))
-    lo, hi = 0, min(len(key), len(part))  # key[:lo] == part[:lo]; key[:hi] != part[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if key[:mid] == part[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    key, part = tuple(key), tuple(part)
+    m = min(len(key), len(part))
+    return m if key[:m] == part[:m] else shared_prefix(key, part, m)

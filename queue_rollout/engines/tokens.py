@@ -139,12 +139,19 @@ def common_prefix(a: Tokens, b: Tokens) -> int:
             if ob == len(rb):
                 ib, ob = ib + 1, 0
             continue
-        lo, hi = 0, m  # sa[:lo] == sb[:lo]; sa[:hi] != sb[:hi]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if sa[:mid] == sb[:mid]:
-                lo = mid
-            else:
-                hi = mid
-        return n + lo
+        return n + shared_prefix(sa, sb, m)
     return n
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int], differ_by: int) -> int:
+    """How many leading items *a* and *b* share, given that their first *differ_by*
+    differ somewhere: a binary search over slices (constant time each for ranges and
+    short for tuples)."""
+    lo, hi = 0, differ_by  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

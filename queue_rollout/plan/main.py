@@ -124,14 +124,14 @@ def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO | None = None
     rooms = [_headroom(r, shape, scale, costs) for r in runs]
     rows = [{**r.as_json(shape), "redis": room.as_json()} for r, room in zip(runs, rooms,
                                                                             strict=True)]
-    configured = (args.max_staleness or (default_staleness,))[0]
-    base = next((r for r in rows if r["mode"] == "group" and r["max_staleness"] == configured),
-                rows[0])
+    groups = [r for r in rows if r["mode"] == "group"] or rows  # the baseline: group
+    base = next((r for r in groups if r["max_staleness"] == default_staleness), groups[0])
     best, advice = recommend(rows, base)
     lines = [advice, rooms[rows.index(best)].text()]
     if args.json:
         for row in rows:
             out.write(json.dumps({"workload": name, **row}) + "\n")
+        print("\n".join(lines), file=sys.stderr)
     else:
         out.write(table(rows) + "\n\n" + "\n".join(lines) + "\n")
     if args.out is not None:

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from queue_rollout.errors import ConfigError
+from queue_rollout.bench.report import pyplot
 
 #: Settings whose mean rollout interval is within this share of the best count as
 #: equally fast; among them the least stale wins (the model is deterministic, but a
@@ -88,14 +88,7 @@ def recommend(rows: list[dict[str, Any]], baseline: dict[str, Any]
 def write_report(out: Path, rows: list[dict[str, Any]], lines: list[str],
                  command: str) -> Path:
     """``plan.md`` with plots of the interval and the staleness per setting."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--out draws plots with matplotlib: "
-                          "pip install 'queue-rollout[bench]'") from None
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     labels = [f"{r['mode']}\ns={r['max_staleness']}" for r in rows]
     for name, key, ylabel in (
