@@ -89,7 +89,7 @@ def test_the_light_parts_load_no_redis_rq_or_ledger(module):
         ours = {m for m in loaded if m.startswith("queue_rollout")}
         assert ours <= {"queue_rollout", "queue_rollout.config", "queue_rollout.errors",
                         "queue_rollout.engines", "queue_rollout.engines.sim_model",
-                        "queue_rollout.engines.prefix_cache",
+                        "queue_rollout.engines.prefix_cache", "queue_rollout.engines.tokens",
                         "queue_rollout.engines.sim_server"}, ours
 
 
