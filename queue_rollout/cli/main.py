@@ -183,7 +183,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,
                                     wait_replicas=args.wait_replicas,
                                     replicas=args.replicas, idle_s=args.idle_s, run_s=args.run_s,
-                                    burst_groups=args.burst_groups, workdir=work,
+                                    burst_groups=args.burst_groups,
+                                    burst_rounds=args.burst_rounds, workdir=work,
                                     logs=not args.verbose,
                                     progress=lambda line: print(line, file=sys.stderr))
         result = load.as_json()
@@ -504,7 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-s", type=float, default=30.0,
                    help="redis-load: seconds measured with every slot running (default 30)")
     p.add_argument("--burst-groups", type=_positive, default=160,
-                   help="redis-load: groups of 8 tiny episodes in the burst (default 160)")
+                   help="redis-load: groups of 8 tiny episodes in each burst (default 160)")
+    p.add_argument("--burst-rounds", type=_positive, default=3,
+                   help="redis-load: bursts; the median one is the figure per episode "
+                        "(default 3)")
 
     p = add("plan", _cmd_plan,
             "will refill help this workload, and how far does one Redis carry the farm: "

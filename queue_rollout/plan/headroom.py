@@ -3,8 +3,10 @@
 Redis runs commands on one thread, so its load is a share of one core. The planned
 farm's load is the sum of
 
-- **idle**: what every GPU's worker, episode workers and replica watchers cost with
-  nothing to do (``idle_core_pct_per_gpu`` of ``bench --profile redis-load``) x GPUs;
+- **idle**: the collector (``collector_core_pct`` of ``bench --profile redis-load``, once
+  per farm; figures from before it was measured apart count it in each GPU's) plus what
+  every GPU's worker, episode workers and replica watchers cost with nothing to do
+  (``idle_core_pct_per_gpu``) x GPUs;
 - **ledger**: the plan's own measurement, Redis CPU per finished episode in the run's
   ledger scripts, x the planned episodes/s;
 - **transport**: what the real farm adds per episode beyond its ledger scripts (RQ's
@@ -103,9 +105,12 @@ def headroom(costs: dict[str, Any], *, gpus: int, episodes_per_s: float,
     transport_ms = max(0.0, float(costs["redis_cpu_ms_per_episode"]) - scripts_ms)
     return Headroom(
         gpus=gpus, episodes_per_s=episodes_per_s, mean_holding=mean_holding,
-        idle_pct=float(costs["idle_core_pct_per_gpu"]) * gpus,
+        idle_pct=float(costs.get("collector_core_pct", 0.0))
+        + float(costs["idle_core_pct_per_gpu"]) * gpus,
         ledger_pct=ledger_cpu_ms_per_episode * episodes_per_s / 10.0,  # ms/s -> % core
         transport_pct=transport_ms * episodes_per_s / 10.0,
         leases_pct=float(costs["running_core_pct_per_episode"]) * mean_holding,
-        idle_calls_per_s=float(costs["idle_calls_per_gpu_s"]) * gpus,
-        connections=float(costs["connections_per_gpu"]) * gpus)
+        idle_calls_per_s=float(costs.get("collector_calls_per_s", 0.0))
+        + float(costs["idle_calls_per_gpu_s"]) * gpus,
+        connections=float(costs.get("collector_connections", 0))
+        + float(costs["connections_per_gpu"]) * gpus)

@@ -25,7 +25,9 @@ def test_per_gpu_per_episode_and_projection_arithmetic():
         baseline=window(10, 0.01, ping=10),          # 1 call/s, 0.1 % of a core
         idle=window(10, 0.03, ping=10, hset=30),     # 4 calls/s, 0.3 %
         connections=40,
-        burst=window(2, 0.016, hset=808),            # 800 calls, 10 ms above idle (2 s)
+        # three rounds: 800 calls each; 10, 30 and 6 ms above idle (2 s): the median, 10
+        bursts=[window(2, 0.016, hset=808), window(2, 0.036, hset=808),
+                window(2, 0.012, hset=808)],
         burst_episodes=100,
         running=window(10, 0.0364, ping=10, hset=30, evalsha=64),  # 64 calls, 6.4 ms above
         running_episodes=64)
@@ -43,17 +45,47 @@ def test_per_gpu_per_episode_and_projection_arithmetic():
     assert p["running_core_pct"] == pytest.approx(16.38, abs=0.01)
     assert p["sum_core_pct"] == pytest.approx(51.2 + 16.38 + 16.38, abs=0.02)
     assert p["connections"] == 10240
+    assert r.rounds_cpu_ms_per_episode == pytest.approx([0.1, 0.3, 0.06])
+
+
+def test_the_collector_counts_once_per_farm_not_once_per_gpu():
+    r = RedisLoadResult(
+        gpus=4, slots_per_gpu=16,
+        baseline=window(10, 0.01, ping=10),               # 1 call/s, 0.1 %
+        collector=window(10, 0.018, ping=10, hget=10),    # +1 call/s, +0.08 %
+        collector_connections=3,
+        idle=window(10, 0.03, ping=10, hget=10, hset=20),  # +2 calls/s, +0.12 % for 4 GPUs
+        connections=43,
+        bursts=[window(2, 0.016, hset=808)], burst_episodes=100,
+        running=window(10, 0.0364, ping=10, hset=30, evalsha=64), running_episodes=64)
+    assert r.collector_calls_per_s == pytest.approx(1.0)
+    assert r.collector_core_pct == pytest.approx(0.08)
+    assert r.idle_calls_per_gpu_s == pytest.approx(0.5)
+    assert r.idle_core_pct_per_gpu == pytest.approx(0.03)
+    assert r.connections_per_gpu == 10
+    p = r.projection(gpus=1024, slots=16, episode_s=10)
+    assert p["idle_core_pct"] == pytest.approx(0.08 + 0.03 * 1024)
+    assert p["idle_calls_per_s"] == 1 + 512
+    assert p["connections"] == 3 + 10240
+    out = r.as_json()
+    assert (out["collector_core_pct"], out["collector_connections"]) == (0.08, 3)
+    assert out["idle_commands_per_gpu_s"] == {"hset": 0.5, "ping": 0.0, "hget": 0.0}
 
 
 def test_a_small_farm_is_measured_end_to_end(tmp_path):
     """With a replica following the Redis, not waited for (`--replicas 1`)."""
     lines: list[str] = []
     res = run_redis_load_bench(gpus=1, slots=8, idle_s=1.0, run_s=1.0, burst_groups=16,
-                               replicas=1, workdir=tmp_path, progress=lines.append)
+                               burst_rounds=2, replicas=1, workdir=tmp_path,
+                               progress=lines.append)
     out = res.as_json()
     json.dumps(out)
     assert out["profile"] == "redis-load" and (out["gpus"], out["slots_per_gpu"]) == (1, 8)
     assert res.burst_episodes == 128 and res.running_episodes == 8
+    assert len(out["rounds_cpu_ms_per_episode"]) == 2
+    assert out["redis_cpu_ms_per_episode"] in out["rounds_cpu_ms_per_episode"]
+    # the collector alone: its leader lease and ticks cost calls and a connection
+    assert out["collector_calls_per_s"] > 0 and out["collector_connections"] >= 1
     # every episode costs Redis something: the ledger's scripts at least
     assert out["commands_per_episode"] > 5 and out["episode_commands"].get("evalsha", 0) > 1
     assert out["connections_per_gpu"] >= 2  # a supervisor and an episode process at least
