@@ -238,6 +238,11 @@ class RedisLoadResult:
             # EVALSHA's time too (commandstats times them both), so these overlap
             "episode_usec": {k: round(v / self.burst_episodes, 2) for k, v in sorted(
                 self.burst.usec.items(), key=lambda kv: -kv[1])[:12]},
+            "running_commands_per_episode_s": {
+                k: round((v - self.idle.calls.get(k, 0) * self.running.seconds
+                          / self.idle.seconds) / self.running.seconds / self.running_episodes,
+                         4)
+                for k, v in sorted(self.running.calls.items(), key=lambda kv: -kv[1])[:12]},
             "idle_commands_per_gpu_s": {
                 k: round((v - self._fixed.calls.get(k, 0) * self.idle.seconds
                           / self._fixed.seconds) / self.idle.seconds / self.gpus, 3)
