@@ -173,9 +173,8 @@ class RedisLoadResult:
     @property
     def burst(self) -> Window:
         """The median round by Redis CPU per episode (the first of two middles)."""
-        order = sorted(range(len(self.bursts)), key=lambda i: self.bursts[i].cpu_s
-                       - self.idle.cpu_s / self.idle.seconds * self.bursts[i].seconds)
-        return self.bursts[order[(len(order) - 1) // 2]]
+        order = sorted(self.bursts, key=lambda w: self._above_idle(w)[1])
+        return order[(len(order) - 1) // 2]
 
     @property
     def commands_per_episode(self) -> float:
