@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +51,7 @@ from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port, replica_of
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.procs import cli_exe, stop_all
+from queue_rollout.procs import Supervised, cli_exe, stop_all
 
 PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
 #: What one Redis must stay under (issue targets): per GPU idle, per episode, ...
@@ -112,6 +111,12 @@ class Window:
     @property
     def core_pct(self) -> float:
         return 100.0 * self.cpu_s / self.seconds
+
+    def per_s_above(self, ref: Window) -> dict[str, float]:
+        """Calls per second by command above *ref*'s rate of the same command, in the
+        order of this window's calls (most first)."""
+        return {k: v / self.seconds - ref.calls.get(k, 0) / ref.seconds
+                for k, v in sorted(self.calls.items(), key=lambda kv: -kv[1])}
 
 
 @dataclass
@@ -238,14 +243,11 @@ class RedisLoadResult:
             "episode_usec": {k: round(v / self.burst_episodes, 2) for k, v in sorted(
                 self.burst.usec.items(), key=lambda kv: -kv[1])[:12]},
             "running_commands_per_episode_s": {
-                k: round((v - self.idle.calls.get(k, 0) * self.running.seconds
-                          / self.idle.seconds) / self.running.seconds / self.running_episodes,
-                         4)
-                for k, v in sorted(self.running.calls.items(), key=lambda kv: -kv[1])[:12]},
+                k: round(v / self.running_episodes, 4)
+                for k, v in list(self.running.per_s_above(self.idle).items())[:12]},
             "idle_commands_per_gpu_s": {
-                k: round((v - self._fixed.calls.get(k, 0) * self.idle.seconds
-                          / self._fixed.seconds) / self.idle.seconds / self.gpus, 3)
-                for k, v in sorted(self.idle.calls.items(), key=lambda kv: -kv[1])[:15]},
+                k: round(v / self.gpus, 3)
+                for k, v in list(self.idle.per_s_above(self._fixed).items())[:15]},
             "pause_barrier_s": _median_max(self.pause_barrier_s),
             "resume_s": _median_max(self.resume_s),
             "projection": self.projection(), "targets": TARGETS, "notes": self.notes,
@@ -343,12 +345,12 @@ def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_config(path, alone)
     before = read(meter).clients
-    with contextlib.ExitStack() as stack:
-        err = stack.enter_context((workdir / "alone" / "collector.log").open("ab")) if log \
-            else None
-        proc = subprocess.Popen([cli_exe(), "collector", "-c", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=err)
-        stack.callback(stop_all, [proc], 30)
+    collector = Supervised("collector alone", [cli_exe(), "collector", "-c", str(path)],
+                           log_path=path.parent / "collector.log" if log else None)
+    collector.keep()
+    proc = collector.proc
+    assert proc is not None  # started by its first keep()
+    try:
         leader = Keys(alone.farm.name).leader
         deadline = time.monotonic() + 60
         while not meter.hexists(leader, "holder"):
@@ -359,6 +361,8 @@ def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: 
         a = read(meter)
         time.sleep(idle_s)
         b = read(meter)
+    finally:
+        stop_all([proc], 30)
     return Window.between(a, b), max(0, b.clients - before)
 
 
