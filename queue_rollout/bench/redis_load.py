@@ -113,10 +113,11 @@ class Window:
         return 100.0 * self.cpu_s / self.seconds
 
     def per_s_above(self, ref: Window) -> dict[str, float]:
-        """Calls per second by command above *ref*'s rate of the same command, in the
-        order of this window's calls (most first)."""
-        return {k: v / self.seconds - ref.calls.get(k, 0) / ref.seconds
-                for k, v in sorted(self.calls.items(), key=lambda kv: -kv[1])}
+        """Calls per second by command above *ref*'s rate of the same command, most
+        first."""
+        above = {k: v / self.seconds - ref.calls.get(k, 0) / ref.seconds
+                 for k, v in self.calls.items()}
+        return dict(sorted(above.items(), key=lambda kv: -kv[1]))
 
 
 @dataclass

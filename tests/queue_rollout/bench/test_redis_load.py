@@ -52,24 +52,26 @@ def test_the_collector_counts_once_per_farm_not_once_per_gpu():
     r = RedisLoadResult(
         gpus=4, slots_per_gpu=16,
         baseline=window(10, 0.01, ping=10),               # 1 call/s, 0.1 %
-        collector=window(10, 0.018, ping=10, hget=10),    # +1 call/s, +0.08 %
+        collector=window(10, 0.018, ping=10, hget=30),    # +3 calls/s, +0.08 %
         collector_connections=3,
-        idle=window(10, 0.03, ping=10, hget=10, hset=20),  # +2 calls/s, +0.12 % for 4 GPUs
+        idle=window(10, 0.03, ping=10, hget=30, hset=20),  # +2 calls/s, +0.12 % for 4 GPUs
         connections=43,
         bursts=[window(2, 0.016, hset=808)], burst_episodes=100,
         running=window(10, 0.0364, ping=10, hset=30, evalsha=64), running_episodes=64)
-    assert r.collector_calls_per_s == pytest.approx(1.0)
+    assert r.collector_calls_per_s == pytest.approx(3.0)
     assert r.collector_core_pct == pytest.approx(0.08)
     assert r.idle_calls_per_gpu_s == pytest.approx(0.5)
     assert r.idle_core_pct_per_gpu == pytest.approx(0.03)
     assert r.connections_per_gpu == 10
     p = r.projection(gpus=1024, slots=16, episode_s=10)
     assert p["idle_core_pct"] == pytest.approx(0.08 + 0.03 * 1024)
-    assert p["idle_calls_per_s"] == 1 + 512
+    assert p["idle_calls_per_s"] == 3 + 512
     assert p["connections"] == 3 + 10240
     out = r.as_json()
     assert (out["collector_core_pct"], out["collector_connections"]) == (0.08, 3)
     assert out["idle_commands_per_gpu_s"] == {"hset": 0.5, "ping": 0.0, "hget": 0.0}
+    # what the GPUs add comes first, not what the idle farm called most (the collector's)
+    assert next(iter(out["idle_commands_per_gpu_s"])) == "hset"
 
 
 def test_a_small_farm_is_measured_end_to_end(tmp_path):
