@@ -72,6 +72,8 @@ class RolloutConfig(_Section):
     max_concurrent_samples: PosInt | Literal["auto"] | None = None
     max_staleness: NonNegInt = 2
     max_attempts: PosInt = 3
+    placement: Literal["any", "group"] = "any"
+    placement_wait_s: NonNegFloat = 10.0
 
     @property
     def mode(self) -> Literal["group", "sample"]:

@@ -58,6 +58,17 @@ MEANINGS: dict[str, tuple[str, str]] = {
                               "已消费组数再加 (max_staleness + 1) x B。"),
     "rollout.max_attempts": ("Attempts per episode before it fails (lost attempts count).",
                              "每个 episode 的最多尝试次数，超过即失败（lost 的尝试也计入）。"),
+    "rollout.placement": (
+        "\"group\": a group's attempts go to one replica with G free slots (else as few "
+        "replicas as possible), so its prompt is computed there once per prefill batch; "
+        "\"any\": any worker takes any attempt.",
+        "\"group\"：一组的尝试放到一个有 G 个空闲槽位的副本上（否则尽量少的副本），"
+        "提示在那里每个 prefill 批次只计算一次；\"any\"：任何 worker 取任何尝试。"),
+    "rollout.placement_wait_s": (
+        "Placement: seconds an attempt placed on a replica may wait there before it moves "
+        "to the shared queue (it moves at once when the replica's worker is gone).",
+        "放置：放到某副本上的尝试在那里最多等待的秒数，超时移入共享队列"
+        "（该副本的 worker 消失时立即移走）。"),
     "timeouts.lease": ("Seconds a running attempt's lease lasts; renewed every lease/3.",
                        "运行中尝试的租约秒数；每 lease/3 续约一次。"),
     "timeouts.doubt": ("Seconds an attempt may stay doubtful before it is declared lost and "

@@ -9,6 +9,11 @@ small on purpose, because a thousand GPUs share one Redis:
   ``BLMOVE`` from RQ's queue to its intermediate list, waiting up to
   ``DEQUEUE_TIMEOUT_S``, so an idle process makes one call every few seconds (and a
   stop request is seen within that time).
+- **Placement** (``rollout.placement = "group"``): the collector places a group's
+  attempts on one replica's queue. The loop takes from that queue first, then from the
+  shared one, without waiting (``take.lua``), and when both are empty waits on its
+  own queue only: a job moved to the shared queue is taken within
+  ``DEQUEUE_TIMEOUT_S`` by some process with a free slot.
 - **The job is its id**: the job id is the attempt id, and the process runs that
   attempt (the ledger's ``start`` refuses an id it does not know). It never imports or
   calls what a job's payload names, so a job forged by anyone who can write the queue
@@ -55,7 +60,8 @@ from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.connection import client_url, connect_config, translate_errors
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.keys import Keys, rq_queue_key
+from queue_rollout.ledger.scripts import standalone
 from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner, LeaseKeeper
 from queue_rollout.workers.workflows import load_workflow
 
@@ -99,6 +105,10 @@ class EpisodeProcess:
                         for _ in range(spec.threads)]
         rq_queue = Queue(self.keys.rq_queue, connection=client, serializer=JSONSerializer)
         self.queue_key, self.intermediate_key = rq_queue.key, rq_queue.intermediate_queue_key
+        #: placement: the replica's own queue, read first (None: the shared queue only)
+        self.own_key = (rq_queue_key(self.keys.rq_replica_queue(spec.worker_id))
+                        if config.rollout.placement == "group" else None)
+        self._take_script = client.register_script(standalone("take"))
         suffix = "" if spec.threads == 1 else "-t{}"
         self.rq_workers = [
             SimpleWorker([rq_queue], connection=client, serializer=JSONSerializer,
@@ -166,10 +176,17 @@ class EpisodeProcess:
             self.jobs.put(aid)
 
     def _take(self) -> str | None:
-        """Clear the jobs whose attempts ended and dequeue the next one: one round trip."""
+        """Clear the jobs whose attempts ended and dequeue the next one: one round trip
+        (two when a placing farm's process finds both of its queues empty)."""
+        waited_on, cleared = self.queue_key, list[str]()
+        if self.own_key is not None:
+            waited_on = self.own_key
+            aid, cleared = self._take_now()
+            if aid is not None:
+                return aid
         pipe = self.blocking.pipeline(transaction=False)
-        cleared = self._clear_into(pipe)
-        pipe.blmove(self.queue_key, self.intermediate_key, DEQUEUE_TIMEOUT_S, "LEFT", "RIGHT")
+        cleared += self._clear_into(pipe)
+        pipe.blmove(waited_on, self.intermediate_key, DEQUEUE_TIMEOUT_S, "LEFT", "RIGHT")
         try:
             with translate_errors(self._url):
                 self._dequeuing = not self.stopping.is_set()
@@ -191,6 +208,28 @@ class EpisodeProcess:
             time.sleep(1.0)
             return None
         return None if raw is None else raw.decode()
+
+    def _take_now(self) -> tuple[str | None, list[str]]:
+        """Placement: clear the ended jobs and take one from the replica's queue, else
+        from the shared queue, without waiting; (its id or None, the jobs cleared)."""
+        assert self.own_key is not None
+        pipe = self.client.pipeline(transaction=False)
+        cleared = self._clear_into(pipe)
+        keys = [self.own_key, self.queue_key, self.intermediate_key]
+        pipe.evalsha(self._take_script.sha, len(keys), *keys)
+        try:
+            with translate_errors(self._url):
+                try:
+                    raw = pipe.execute()[-1]
+                except redis.exceptions.NoScriptError:  # a restarted or promoted server
+                    raw = self._take_script(keys=keys)
+        except QueueRolloutError as exc:
+            for aid in cleared:
+                self.done.put(aid)
+            log.warning("dequeue: %s; retrying", exc)
+            time.sleep(1.0)
+            return None, []
+        return (None if raw is None else raw.decode()), cleared
 
     def _clear_into(self, pipe: redis.client.Pipeline) -> list[str]:
         """Queue on *pipe* the clearing of every job whose attempt has ended: its entry

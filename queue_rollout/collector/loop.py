@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -56,11 +57,11 @@ class StepReport:
     def quiet(self) -> bool:
         """Nothing done, and nothing to do until something wakes the collector: a
         submission, a resume, a new version (the wake stream) or a completed group
-        (the events stream). Waiting for slots (``capacity``) is not quiet: a slot frees
-        without either."""
+        (the events stream). Waiting for slots (``capacity``, ``placement``) is not
+        quiet: a slot frees without either."""
         return (self.leader and not self.admitted and not self.judged
                 and not self.handed_over and not self.reconciled
-                and self.blocked != "capacity")
+                and self.blocked not in ("capacity", "placement"))
 
 
 class Collector:
@@ -97,23 +98,28 @@ class Collector:
         if not leading:
             return StepReport(leader=False)
         report = StepReport(leader=True)
-        self._admit(report)
+        live = self._live_workers()
+        self._admit(report, None if live is None else self.registry.slots(live))
         report.handed_over = flush_outbox(self.ledger.client, self.keys)
         self._judge_events(report)
         self._steps += 1
-        tick = self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1)
-        report.reconciled = len(tick.doubted) + len(tick.requeued) + len(tick.lost)
+        tick = self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1,
+                                    live_workers=live)
+        report.reconciled = len(tick.doubted) + len(tick.requeued) + len(tick.lost) + tick.moved
         if tick.requeued or tick.lost:  # their new attempts wait in the outbox
             report.handed_over += flush_outbox(self.ledger.client, self.keys)
         return report
 
-    def _capacity(self) -> int | None:
-        if self.config.rollout.max_concurrent_samples != "auto":
+    def _live_workers(self) -> dict[str, dict[str, Any]] | None:
+        """The registry's live workers, when capacity (``"auto"``) or placement needs
+        them; None otherwise."""
+        rollout = self.config.rollout
+        if rollout.max_concurrent_samples != "auto" and rollout.placement != "group":
             return None
-        return self.registry.slots(self.registry.live())
+        return self.registry.live()
 
-    def _admit(self, report: StepReport) -> None:
-        capacity = self._capacity()
+    def _admit(self, report: StepReport, live_slots: int | None) -> None:
+        capacity = live_slots if self.config.rollout.max_concurrent_samples == "auto" else None
         while report.admitted < MAX_ADMIT_PER_STEP:
             admission = self.ledger.admit(capacity)
             if admission.status != "admitted":

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 #: WSGI's start_response(status, headers)
 StartResponse = Callable[[str, list[tuple[str, str]]], object]
 P = "queue_rollout_"
-BLOCK_REASONS = ("capacity", "staleness", "paused")
+BLOCK_REASONS = ("capacity", "staleness", "paused", "placement")
+PLACEMENTS = ("one_replica", "split", "moved")
 REJECT_REASONS = ("zero_variance", "failed_members", "plugin")
 FAIL_REASONS = ("workflow", "oversized", "max_attempts")
 RETRY_CAUSES = ("lease_expired", "worker_lost", "replica_restart", "generate_error",
@@ -108,6 +109,9 @@ class LedgerCollector:
                        REJECT_REASONS, "rejected")
         yield labelled("admission_blocked", "Admission refusals, by reason.", "reason",
                        BLOCK_REASONS, "blocked")
+        yield labelled("placements", "Placement: groups admitted onto one replica or split "
+                       "over several, and placed attempts moved to the shared queue.", "how",
+                       PLACEMENTS, "placements")
         yield labelled("attempt_retries", "Attempts retried, by cause.", "cause",
                        RETRY_CAUSES, "retries")
         finished = CounterMetricFamily(P + "episodes_finished", "Episodes ended, by outcome.",

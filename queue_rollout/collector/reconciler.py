@@ -13,18 +13,27 @@ gone wrong and says so:
   scan. Jobs left in RQ's intermediate list after their attempt ended are swept;
 - an attempt doubtful for longer than ``timeouts.doubt`` is declared lost and retried,
   loudly (a warning and ``retries:doubt_timeout``); a late result from it is ignored.
+
+A farm that places groups (``rollout.placement = "group"``) has two more jobs here:
+
+- the workers admission may place on follow the registry's live workers and their
+  slots (a worker gone leaves at once, one back or new enters);
+- an attempt placed on a replica that has not started it within
+  ``rollout.placement_wait_s``, or whose worker is gone, moves to the shared queue.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from rq import Queue
 
 from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.outbox import episode_queue
+from queue_rollout.ledger.keys import rq_queue_key
+from queue_rollout.ledger.outbox import episode_queue, placed_on
 from queue_rollout.ledger.records import decode_attempt
 
 log = logging.getLogger(__name__)
@@ -37,6 +46,7 @@ class TickReport:
     doubted: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    moved: int = 0  # placed attempts moved to the shared queue
 
 
 class Reconciler:
@@ -44,10 +54,14 @@ class Reconciler:
         self.ledger = ledger
         self.config = config
 
-    def tick(self, *, scan_jobs: bool = True) -> TickReport:
+    def tick(self, *, scan_jobs: bool = True,
+             live_workers: dict[str, dict[str, Any]] | None = None) -> TickReport:
         """One pass. *scan_jobs* reads every attempt record: the collector does it less
-        often than the cheap lease and doubt checks."""
+        often than the cheap lease and doubt checks. *live_workers* (the registry's, by
+        worker id) is needed when the farm places groups."""
         report = TickReport()
+        if self.config.rollout.placement == "group":
+            report.moved = self._place(live_workers or {})
         ledger, keys = self.ledger, self.ledger.keys
         now = ledger.clock()
         for raw in ledger.client.zrangebyscore(keys.leases, "-inf", now):
@@ -66,6 +80,41 @@ class Reconciler:
         if scan_jobs:
             report.requeued = self._requeue_lost_jobs()
         return report
+
+    def _place(self, live_workers: dict[str, dict[str, Any]]) -> int:
+        """Placeable workers follow the live ones; attempts waiting too long on a
+        replica, or on one whose worker is gone, move to the shared queue."""
+        ledger = self.ledger
+        live = {w: int(r.get("slots", 0)) for w, r in live_workers.items()}
+        placeable = ledger.replica_slots()
+        changes = {w: n for w, n in live.items() if placeable.get(w) != n}
+        gone = [w for w in placeable if w not in live]
+        changes.update(dict.fromkeys(gone, 0))
+        if changes:
+            ledger.set_replicas(changes)
+            for w in gone:
+                log.warning("worker %s is gone: no more groups are placed on it", w)
+        stale = set(ledger.placed_before(ledger.clock() - self.config.rollout.placement_wait_s))
+        client, keys = ledger.client, ledger.keys
+        for w in gone:  # all that waits on a gone worker's queue, however recent
+            stale.update(raw.decode() for raw in
+                         client.lrange(rq_queue_key(keys.rq_replica_queue(w)), 0, -1))
+        if not stale:
+            return 0
+        by_worker: dict[str, list[str]] = {}
+        ids = sorted(stale)
+        for aid, worker in zip(ids, map(placed_on, client.hmget(keys.attempts, ids)),
+                               strict=True):
+            by_worker.setdefault(worker or "", []).append(aid)
+        moved = 0
+        for worker, aids in by_worker.items():
+            # "" (attempts no longer placed) only clears their left-over placed entries
+            n = ledger.move(worker, aids)
+            if n:
+                log.info("worker %s: %d placed attempt(s) moved to the shared queue "
+                         "(not started in time, or the worker is gone)", worker, n)
+            moved += n
+        return moved
 
     def _requeue_lost_jobs(self) -> list[str]:
         """Queued attempts whose RQ job is gone: in neither RQ's queue nor the outbox
@@ -88,7 +137,9 @@ class Reconciler:
             if (aid in in_outbox or attempt.state != "queued"
                     or attempt.created_at > queued_before):
                 continue
-            if client.lpos(keys.outbox, aid) is not None or client.lpos(queue.key, aid) is not None:
+            waits_on = (rq_queue_key(keys.rq_replica_queue(attempt.p)) if attempt.p
+                        else queue.key)
+            if client.lpos(keys.outbox, aid) is not None or client.lpos(waits_on, aid) is not None:
                 continue  # admitted after the snapshot, or waiting in RQ's queue
             now_record = client.hget(keys.attempts, aid)
             if now_record is None or decode_attempt(now_record).state != "queued":

@@ -20,7 +20,7 @@ from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.durable import SELF_RECEIPTED, UNWAITED, DurableCalls, WaitPolicy
 from queue_rollout.ledger.group_shapes import SHAPES_KEPT
-from queue_rollout.ledger.keys import EVENTS_GROUP, Keys, episode_field
+from queue_rollout.ledger.keys import EVENTS_GROUP, Keys, episode_field, rq_queue_key
 from queue_rollout.ledger.records import (
     SUPERSEDED,
     AttemptRecord,
@@ -174,9 +174,10 @@ class Ledger:
         aids = [new_attempt_id() for _ in range(r.group_size)]
         reply = self._call(
             "admit",
-            [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox],
+            [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox,
+             k.replica_free, k.replica_load, k.placed],
             r.group_size, r.batch_size, r.capacity_slots(live_worker_slots),
-            r.max_staleness, r.mode, *aids,
+            r.max_staleness, r.mode, r.placement, *aids,
         )
         status = _s(reply[0])
         if status == "admitted":
@@ -189,7 +190,8 @@ class Ledger:
         """Claim a queued attempt for *worker* before anything is sent to the replica."""
         k = self.keys
         reply = self._call(
-            "start", [k.counters, k.attempts, k.leases, k.prompts, k.state],
+            "start", [k.counters, k.attempts, k.leases, k.prompts, k.state,
+                      k.replica_free, k.replica_load, k.placed],
             aid, worker, replica, boot, repr(float(lease_s)), self._call_id(),
         )
         if _s(reply[0]) == "started":
@@ -234,7 +236,7 @@ class Ledger:
         return self._answer(
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
-             k.observations, k.shape_parts, k.shapes],
+             k.observations, k.shape_parts, k.shapes, k.replica_free, k.replica_load],
             aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
             max(0, prefill_cached), self._call_id(), max(0, turns),
             ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds), shape, SHAPES_KEPT,
@@ -256,10 +258,48 @@ class Ledger:
         k = self.keys
         return self._answer(
             "retry",
-            [k.counters, k.attempts, k.groups, k.outbox, k.leases, k.doubt, k.events],
+            [k.counters, k.attempts, k.groups, k.outbox, k.leases, k.doubt, k.events,
+             k.replica_free, k.replica_load, k.placed],
             aid, new_attempt_id(), resolution, cause, self.rollout.max_attempts,
             repr(float(doubt_s)),
         )
+
+    # -- placement ---------------------------------------------------------------------
+
+    def set_replicas(self, slots: dict[str, int]) -> None:
+        """Set the workers admission may place groups on: worker id -> slots (0: the
+        worker leaves; what waits on its queue is for :meth:`move`)."""
+        k = self.keys
+        args: list[object] = []
+        for worker, n in slots.items():
+            args += [worker, max(0, int(n))]
+        if args:
+            self._call("replicas", [k.replica_slots, k.replica_free, k.replica_load], *args)
+
+    def move(self, worker: str, aids: Sequence[str]) -> int:
+        """Queued attempts placed on *worker* go to the shared queue; returns how many
+        moved (one started or moved meanwhile stays where it is)."""
+        if not aids:
+            return 0
+        k = self.keys
+        reply = self._call(
+            "move",
+            [k.counters, k.attempts, k.replica_free, k.replica_load, k.placed,
+             rq_queue_key(k.rq_replica_queue(worker)), rq_queue_key(k.rq_queue)],
+            worker, *aids,
+        )
+        return int(reply[1])
+
+    def placed_before(self, when: float) -> list[str]:
+        """Queued attempts placed on a replica's queue at or before *when*."""
+        with translate_errors(self._url):
+            return [_s(aid) for aid in self.client.zrangebyscore(self.keys.placed, "-inf", when)]
+
+    def replica_slots(self) -> dict[str, int]:
+        """The workers admission may place groups on, with their slots."""
+        with translate_errors(self._url):
+            raw = self.client.hgetall(self.keys.replica_slots)
+        return {_s(w): int(n) for w, n in raw.items()}
 
     # -- groups and batches ------------------------------------------------------------
 

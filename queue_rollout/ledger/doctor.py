@@ -10,10 +10,14 @@ consumed so far were consumed when the version was last set (``set_version`` mak
 Records must agree with each other as well: a stored result belongs to a member whose
 current attempt has ended; every delivered group is in exactly one consumer's held
 batch, and a held batch holds only delivered groups.
-``repair`` rewrites the counters from the records, and a baseline out of that range as
-if the version were set now; it deletes a result no ended attempt stands for (the
-member's attempt runs, or ran, again and records its own), puts a delivered group that
-no batch holds back at the head of the ready queue, and takes out of a held batch the
+With placement, each replica's load (attempts placed on its queue, plus those it runs
+or ran while in doubt), its free slots (its slots less that load) and the set of
+placed attempts must match the attempt records too.
+``repair`` rewrites the counters (and the placement sets) from the records, and a
+baseline out of that range as if the version were set now; it deletes a result no
+ended attempt stands for (the member's attempt runs, or ran, again and records its
+own), puts a delivered group that no batch holds back at the head of the ready queue,
+and takes out of a held batch the
 groups that are not delivered (run it with admission paused).
 """
 
@@ -52,6 +56,10 @@ class Report:
     unheld_groups: list[str] = field(default_factory=list)
     #: consumer -> (its held batch's record, the groups of it that are delivered)
     trimmed_batches: dict[str, tuple[bytes, list[str]]] = field(default_factory=dict)
+    #: placement: worker -> load the records imply (placed queued, run or in doubt)
+    replica_load: dict[str, int] = field(default_factory=dict)
+    #: placement: queued attempts placed on a replica -> when they were created
+    placed: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -72,8 +80,15 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     current = Counter[tuple[str, int]]()  # (group id, member) -> attempts not superseded
     ended_members: set[str] = set()  # episode fields whose current attempt ended
     tool_wait = 0  # running attempts waiting on a tool
+    load = Counter[str]()  # placement: worker -> placed queued + live attempts
+    placed: dict[str, float] = {}
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
+        if a.pl and a.state == "queued" and a.p:
+            load[a.p] += 1
+            placed[aid.decode()] = a.created_at
+        elif a.pl and a.state in live and a.worker:
+            load[a.worker] += 1
         if a.state in live:
             live[a.state].add(aid.decode())
         if a.state == "running" and a.tool:
@@ -118,6 +133,8 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
         for m in range(g.G):
             if current[(gid, m)] != 1:
                 problems.append(f"group {gid} member {m}: {current[(gid, m)]} current attempts")
+    report.replica_load, report.placed = dict(load), placed
+    _check_placement(client, keys, report)
     _check_results(client, keys, ended_members, report)
     _check_batches(client, keys, groups, report)
     ready = client.llen(keys.ready)
@@ -133,6 +150,32 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
             f"consumed at version {version}, not between 0 and the {expected['consumed']} "
             f"consumed (B = {batch_size})")
     return report
+
+
+def _check_placement(client: redis.Redis, keys: Keys, report: Report) -> None:
+    """Each replica's load and free slots, and the placed set, against the records."""
+    stored = {w.decode(): int(n) for w, n in client.hgetall(keys.replica_load).items()}
+    for worker in sorted(set(stored) | set(report.replica_load)):
+        if stored.get(worker, 0) != report.replica_load.get(worker, 0):
+            report.problems.append(f"replica {worker}: load {stored.get(worker, 0)}, records "
+                                   f"say {report.replica_load.get(worker, 0)}")
+    free = {w.decode(): int(n) for w, n in client.zrange(keys.replica_free, 0, -1,
+                                                         withscores=True)}
+    for worker, expected in _free_slots(client, keys, report.replica_load).items():
+        if free.pop(worker, None) != expected:
+            report.problems.append(f"replica {worker}: free slots not {expected} (its slots "
+                                   "less its load)")
+    report.problems += [f"replica {w}: has free slots but is not placeable" for w in free]
+    members = {m.decode() for m in client.zrange(keys.placed, 0, -1)}
+    if members != set(report.placed):
+        report.problems.append(f"{keys.placed}: holds {len(members)} attempts, "
+                               f"{len(report.placed)} are queued on a replica")
+
+
+def _free_slots(client: redis.Redis, keys: Keys, load: dict[str, int]) -> dict[str, int]:
+    """Worker -> slots - load, for each placeable worker."""
+    return {w.decode(): int(n) - load.get(w.decode(), 0)
+            for w, n in client.hgetall(keys.replica_slots).items()}
 
 
 def _check_results(client: redis.Redis, keys: Keys, ended_members: set[str],
@@ -167,8 +210,8 @@ def _check_batches(client: redis.Redis, keys: Keys, groups: dict[str, GroupRecor
 
 
 def repair(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
-    """Rewrite the derived counters, the lease/doubt sets and an out-of-range budget
-    baseline from the records."""
+    """Rewrite the derived counters, the lease/doubt sets, the replicas' load and free
+    slots, the placed set and an out-of-range budget baseline from the records."""
     report = examine(client, keys, batch_size)
     pipe = client.pipeline(transaction=True)
     if report.orphan_results:
@@ -187,7 +230,14 @@ def repair(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     pipe.hset(keys.counters, mapping=report.expected)
     if report.baseline is not None:
         pipe.hset(keys.state, "budget_baseline", report.baseline)
-    pipe.delete(keys.leases, keys.doubt)
+    pipe.delete(keys.leases, keys.doubt, keys.replica_load, keys.replica_free, keys.placed)
+    if report.replica_load:
+        pipe.hset(keys.replica_load, mapping=report.replica_load)
+    free = _free_slots(client, keys, report.replica_load)
+    if free:
+        pipe.zadd(keys.replica_free, free)
+    if report.placed:
+        pipe.zadd(keys.placed, report.placed)
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
         if a.state == "running" and a.lease is not None:

@@ -82,6 +82,30 @@ class Keys:
         return self._k("outbox")
 
     @property
+    def placed(self) -> str:
+        """Sorted set queued attempt id -> when it was placed on a replica's queue
+        (``rollout.placement = "group"``)."""
+        return self._k("placed")
+
+    @property
+    def replica_slots(self) -> str:
+        """Hash worker id -> its slots, for each worker admission may place on (the
+        live workers, as the reconciler last saw them)."""
+        return self._k("replica_slots")
+
+    @property
+    def replica_load(self) -> str:
+        """Hash worker id -> attempts placed on its queue plus attempts it runs (or ran,
+        while in doubt), for a farm that places groups."""
+        return self._k("replica_load")
+
+    @property
+    def replica_free(self) -> str:
+        """Sorted set worker id -> free slots (slots - load), for each worker in
+        ``replica_slots``: admission takes the replicas with the most."""
+        return self._k("replica_free")
+
+    @property
     def leases(self) -> str:
         """Sorted set running attempt id -> lease expiry."""
         return self._k("leases")
@@ -160,10 +184,19 @@ class Keys:
         """Name of the RQ queue episode jobs go to (RQ builds its own key from it)."""
         return f"qr-{self.farm}-episodes"
 
+    def rq_replica_queue(self, worker: str) -> str:
+        """Name of the RQ queue of attempts placed on *worker*'s replica."""
+        return f"{self.rq_queue}@{worker}"
+
     def receipt(self, token: str) -> str:
         """String: what one ledger change answered, kept while its caller waits for
         replicas (farm.redis_wait_replicas) and deleted once they hold it."""
         return self._k(f"receipt:{token}")
+
+
+def rq_queue_key(name: str) -> str:
+    """The Redis list RQ keeps queue *name* in (``rq.Queue(name).key``)."""
+    return f"rq:queue:{name}"
 
 
 def episode_field(group_id: str, member: int) -> str:

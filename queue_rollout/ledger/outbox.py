@@ -4,6 +4,8 @@
 step that reserves its slot, so a crash never loses an attempt. :func:`flush_outbox`
 enqueues each one as an RQ job whose id *is* the attempt id and whose payload is that
 id alone (JSON serializer), and removes it from the outbox in the same transaction.
+An attempt placed on a replica (``rollout.placement = "group"``) goes to that
+replica's queue, every other one to the farm's shared queue.
 The jobs of one flush go to RQ in one round trip per chunk. A job is its id in RQ's
 queue and nothing more: the episode worker runs the attempt the id names and reads no
 job record, so none is written (nor RQ's registries, expirations and dependencies,
@@ -17,13 +19,24 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.keys import Keys, rq_queue_key
 from queue_rollout.ledger.records import decode_attempt
 
 
 def episode_queue(client: redis.Redis, keys: Keys) -> Queue:
     """The farm's RQ queue of episode jobs (JSON serializer, never pickle)."""
     return Queue(keys.rq_queue, connection=client, serializer=JSONSerializer)
+
+
+def placed_on(record: bytes | None) -> str | None:
+    """The worker whose queue a queued attempt's job goes to (placement), None for the
+    shared queue, or "" when the attempt is no longer queued (no job at all)."""
+    if record is None:
+        return ""
+    attempt = decode_attempt(record)
+    if attempt.state != "queued":
+        return ""
+    return attempt.p or None
 
 
 def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000, chunk: int = 100) -> int:
@@ -39,19 +52,23 @@ def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000, chunk: i
 
 
 def _enqueue(client: redis.Redis, keys: Keys, ids: list[str]) -> int:
-    """One transaction per chunk: the id of each attempt still queued goes to the RQ
-    queue's tail, and every id leaves the outbox. Atomic, so a crash enqueues nothing
-    twice; should two flushes race (a leader change), ``start.lua`` lets one claim win
-    and the other job runs nothing."""
-    records = client.hmget(keys.attempts, ids)
-    fresh = [aid for aid, record in zip(ids, records, strict=True)
-             if record is not None and decode_attempt(record).state == "queued"]
-    queue = episode_queue(client, keys)
+    """One transaction per chunk: the id of each attempt still queued goes to the tail
+    of its RQ queue (the shared one, or the queue of the replica it is placed on), and
+    every id leaves the outbox. Atomic, so a crash enqueues nothing twice; should two
+    flushes race (a leader change), ``start.lua`` lets one claim win and the other job
+    runs nothing."""
+    by_queue: dict[str, list[str]] = {}
+    for aid, record in zip(ids, client.hmget(keys.attempts, ids), strict=True):
+        worker = placed_on(record)
+        if worker == "":
+            continue
+        name = keys.rq_queue if worker is None else keys.rq_replica_queue(worker)
+        by_queue.setdefault(name, []).append(aid)
     pipe = client.pipeline(transaction=True)
-    if fresh:
-        pipe.sadd(queue.redis_queues_keys, queue.key)  # so that `rq info` lists it
-        pipe.rpush(queue.key, *fresh)
+    for name, fresh in by_queue.items():
+        pipe.sadd(Queue.redis_queues_keys, rq_queue_key(name))  # so that `rq info` lists it
+        pipe.rpush(rq_queue_key(name), *fresh)
     for aid in ids:
         pipe.lrem(keys.outbox, 1, aid)
     pipe.execute()
-    return len(fresh)
+    return sum(len(fresh) for fresh in by_queue.values())

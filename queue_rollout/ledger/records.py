@@ -68,6 +68,8 @@ class AttemptRecord(msgspec.Struct, frozen=True):
     completed: bool | None = None  # its result completed the group
     rid: str | None = None  # its request in flight, when not the attempt id
     tool: bool | None = None  # waiting on a tool (running: counted in tool_wait)
+    pl: bool | None = None  # a farm placing groups: its load is counted on a replica
+    p: str | None = None  # queued: the worker whose queue its job waits on
 
 
 class BatchRecord(msgspec.Struct, frozen=True):

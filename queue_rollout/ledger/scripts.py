@@ -22,12 +22,17 @@ _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)\] = ", re.MULTILINE)
 
 OPERATIONS = (
     "submit", "admit", "start", "progress", "finish", "doubt", "retry",
-    "judge", "pop_batch", "ack", "set_version", "set_paused", "lead",
+    "judge", "pop_batch", "ack", "set_version", "set_paused", "lead", "move", "replicas",
 )
 
 
 def _lua(name: str) -> str:
     return (resources.files("queue_rollout.ledger") / "lua" / f"{name}.lua").read_text()
+
+
+def standalone(name: str) -> str:
+    """Source of a script that runs without the ledger's library (``take.lua``)."""
+    return _lua(name)
 
 
 @functools.cache

@@ -4,7 +4,9 @@ A worker with another ``rollout.group_size`` would run members the farm never as
 for; one with another workflow or seed would produce episodes that do not match their
 group. The first process to reach a farm records these settings (``SET NX``, so two
 first processes cannot both win); every later one compares its own and refuses to
-start on a difference, naming each setting and both values.
+start on a difference, naming each setting and both values. A farm placing groups
+needs every worker to read its own replica's queue, so ``rollout.placement`` is part
+of the shape; a farm recorded before a setting joined the shape holds its default.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ def shape_of(config: Config) -> dict[str, object]:
     """The settings of *config* that must match the farm's, by dotted key."""
     return {"rollout.group_size": config.rollout.group_size,
             "workflow.name": config.workflow.name,
-            "workflow.seed": config.workflow.seed}
+            "workflow.seed": config.workflow.seed,
+            "rollout.placement": config.rollout.placement}
+
+
+#: What a farm recorded before a setting joined the shape holds.
+_RECORDED_BEFORE: dict[str, object] = {"rollout.placement": "any"}
 
 
 def check_shape(client: redis.Redis, config: Config) -> None:
@@ -43,7 +50,7 @@ def check_shape(client: redis.Redis, config: Config) -> None:
     if raw is None:  # deleted in between (a farm being cleared): nothing to hold to
         return
     farm = json.loads(raw)
-    theirs = farm.get("shape", {})
+    theirs = {**_RECORDED_BEFORE, **farm.get("shape", {})}
     diffs = [f"{k} = {json.dumps(v)} here, {json.dumps(theirs.get(k))} in the farm"
              for k, v in mine.items() if theirs.get(k) != v]
     if diffs:

@@ -64,6 +64,13 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
         },
         "workers": {"alive": len(workers), "slots": live_worker_slots},
         "shapes_kept": shapes,
+        "placement": {
+            "mode": r.placement,
+            "one_replica": c.get("placements:one_replica", 0),
+            "split": c.get("placements:split", 0),
+            "moved": c.get("placements:moved", 0),
+            "blocked": c.get("blocked:placement", 0),
+        },
     }
 
 
@@ -91,12 +98,19 @@ def format_status(s: dict[str, Any]) -> str:
         f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed; "
         f"{s['shapes_kept']} shapes kept for `plan --from-farm`",
         f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",
+        *([_placement_text(s["placement"])] if s["placement"]["mode"] == "group" else []),
         f"redis     primary {s['redis_primary']}, {_replicas_text(s['redis_replicas'])}"
         + (f", changes wait for {s['redis_wait_replicas']}" if s["redis_wait_replicas"] else ""),
         *([f"HOLDING   {s['redis_replicas']} of farm.redis_wait_replicas = "
            f"{s['redis_wait_replicas']} replicas online: no ledger change completes until "
            "enough replicas hold it"] if _short(s) else []),
     ])
+
+
+def _placement_text(p: dict[str, Any]) -> str:
+    return (f"placement groups: {p['one_replica']} on one replica, {p['split']} split; "
+            f"{p['moved']} attempts moved to the shared queue; {p['blocked']} admissions "
+            "waited for free slots on the replicas")
 
 
 def _replicas_text(replicas: int | None) -> str:

@@ -10,6 +10,8 @@
 --                  rid: the request in flight when not the attempt id (a later turn);
 --                  tool: true while a running attempt waits on a tool (counted in
 --                  the tool_wait counter)
+--                  pl: true in a farm that places groups (its load is counted on a
+--                  replica); p: the worker whose queue a queued attempt waits on
 -- Group states:   in_flight -> complete -> accepted -> delivered -> consumed | rejected
 -- Attempt states: queued -> running -> doubtful -> finished | failed | stopped | lost
 -- A member's current attempt is its one attempt not stopped or lost; the member has
@@ -53,6 +55,23 @@ local function leave_live_state(counters, leases, doubt, aid, a)
   elseif a.state == 'doubtful' then
     bump(counters, 'doubtful', -1)
     redis.call('ZREM', doubt, aid)
+  end
+end
+
+-- Placement: *by* attempts more (or fewer) on *worker*'s replica. r holds the key
+-- names: r.load (worker -> load), r.free (worker -> slots - load, for the workers
+-- admission may place on; a worker not there is left out of it).
+local function replica_load(r, worker, by)
+  if redis.call('HINCRBY', r.load, worker, by) == 0 then redis.call('HDEL', r.load, worker) end
+  redis.call('ZADD', r.free, 'XX', 'INCR', -by, worker)
+end
+
+-- A placed attempt leaves its replica's queue (started, or moved to the shared one).
+local function unplace(r, aid, a)
+  if a.p then
+    replica_load(r, a.p, -1)
+    redis.call('ZREM', r.placed, aid)
+    a.p = nil
   end
 end
 

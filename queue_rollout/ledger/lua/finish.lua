@@ -14,6 +14,8 @@
 -- KEYS[8] = observations stream (metrics)
 -- KEYS[9] = shape parts hash (gid/member -> a finished member's shape, JSON)
 -- KEYS[10] = shapes list (completed groups' shapes, newest first, capped)
+-- KEYS[11] = replica free slots sorted set (placement)
+-- KEYS[12] = replica load hash (placement)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = member index the worker ran
@@ -54,6 +56,7 @@ end
 local g = get_json(KEYS[3], a.g)
 
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
+if a.pl then replica_load({free = KEYS[11], load = KEYS[12]}, a.worker, -1) end
 a.state = outcome
 a.ended_at = now
 if ARGV[10] ~= '' then a.call = ARGV[10] end

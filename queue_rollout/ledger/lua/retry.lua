@@ -2,7 +2,9 @@
 -- changed, abort-then-probe, the worker itself stopped it) or declared lost after the
 -- doubt timeout. The member gets a new attempt (same member, so the same seed) that
 -- inherits the slot without releasing it; after max_attempts ended attempts the
--- episode fails instead.
+-- episode fails instead. In a farm that places groups, the new attempt is placed on
+-- the replica the old one ran on (its group's prompt is cached there) when that
+-- replica has a free slot, else it goes to the shared queue.
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
@@ -11,6 +13,9 @@
 -- KEYS[5] = leases sorted set
 -- KEYS[6] = doubt sorted set
 -- KEYS[7] = events stream
+-- KEYS[8] = replica free slots sorted set (placement)
+-- KEYS[9] = replica load hash (placement)
+-- KEYS[10] = placed sorted set (placement)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = new attempt id
@@ -41,6 +46,8 @@ if redis.call('HEXISTS', KEYS[2], new_aid) == 1 then
 end
 
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
+local r = {free = KEYS[8], load = KEYS[9], placed = KEYS[10]}
+if a.pl then replica_load(r, a.worker, -1) end
 local stops = a.stops + 1
 local give_up = stops >= tonumber(ARGV[6])
 -- The last attempt of an episode that fails stays its current attempt, state failed;
@@ -57,8 +64,17 @@ if give_up then
   if episode_terminal(k, now, g, 'failed') then return {'failed', 'group_complete'} end
   return {'failed', ''}
 end
-put_json(KEYS[2], new_aid, {g = a.g, m = a.m, n = a.n + 1, stops = stops, state = 'queued',
-  created_at = now})
+local new = {g = a.g, m = a.m, n = a.n + 1, stops = stops, state = 'queued', created_at = now}
+if a.pl then
+  new.pl = true
+  local free = redis.call('ZSCORE', r.free, a.worker)
+  if free and tonumber(free) >= 1 then
+    new.p = a.worker
+    replica_load(r, a.worker, 1)
+    redis.call('ZADD', r.placed, now, new_aid)
+  end
+end
+put_json(KEYS[2], new_aid, new)
 g.aids = g.aids .. ',' .. new_aid
 put_json(KEYS[3], a.g, g)
 redis.call('RPUSH', KEYS[4], new_aid)

@@ -6,6 +6,9 @@
 -- KEYS[3] = leases sorted set (attempt id -> lease expiry)
 -- KEYS[4] = prompts hash (group id -> prompt JSON)
 -- KEYS[5] = state hash (version, paused)
+-- KEYS[6] = replica free slots sorted set (placement)
+-- KEYS[7] = replica load hash (placement)
+-- KEYS[8] = placed sorted set (placement)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = worker id
@@ -35,6 +38,11 @@ end
 -- (stopped or lost) before it creates the new one.
 if a.state ~= 'queued' then return ignored(counters, 'attempt is ' .. a.state) end
 
+if a.pl then  -- placement: the load leaves the queue it waited on for this worker
+  local r = {free = KEYS[6], load = KEYS[7], placed = KEYS[8]}
+  unplace(r, aid, a)
+  replica_load(r, ARGV[3], 1)
+end
 a.state = 'running'
 a.worker, a.replica, a.boot = ARGV[3], ARGV[4], ARGV[5]
 a.started_at = now

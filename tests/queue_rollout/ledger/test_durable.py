@@ -83,8 +83,9 @@ def test_the_same_call_sent_again_is_applied_once_with_the_first_answer(
     scripts = Scripts(primary, receipts=True)
     Ledger(primary, "d", ROLLOUT).submit(trivial_prompts(2))
     call_keys = [keys.counters, keys.state, keys.pending, keys.groups, keys.attempts,
-                 keys.outbox, keys.receipt("same")]
-    args: list[object] = ["1.0", 2, 1, 8, 2, "group", "a1", "a2", "0", 60]
+                 keys.outbox, keys.replica_free, keys.replica_load, keys.placed,
+                 keys.receipt("same")]
+    args: list[object] = ["1.0", 2, 1, 8, 2, "group", "any", "a1", "a2", "0", 60]
     first = scripts.call("admit", call_keys, args)
     again = scripts.call("admit", call_keys, [*args[:-4], "b1", "b2", "1", 60])
     assert again == first

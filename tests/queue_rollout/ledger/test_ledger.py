@@ -420,8 +420,9 @@ def test_script_errors_write_nothing(make_ledger, r):
     # an attempt id that already exists: admit refuses before popping the prompt
     taken = ledger.client.hkeys(k.attempts)[0].decode()
     with pytest.raises(redis.ResponseError, match="already exists"):
-        scripts.call("admit", [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox],
-                     [1, 1, 16, 4, 2, "sample", taken])
+        scripts.call("admit", [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox,
+                               k.replica_free, k.replica_load, k.placed],
+                     [1, 1, 16, 4, 2, "sample", "any", taken])
     assert ledger.counters() == before
     assert r.lrange(k.pending, 0, -1) == [b"p1"]
     assert ledger.judge("p0", accept=True).status == "accepted"

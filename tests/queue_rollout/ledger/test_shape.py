@@ -4,6 +4,7 @@ at start, and changes nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def test_the_first_process_records_the_shape_and_a_match_passes(r, redis_url):
     Ledger.from_config(r, config)
     record = json.loads(r.get(Keys("s").shape))
     assert record["shape"] == {"rollout.group_size": 4, "workflow.name": "controlled_length",
-                               "workflow.seed": 0}
+                               "workflow.seed": 0, "rollout.placement": "any"}
     Ledger.from_config(r, decode_config(farm_toml(redis_url, "max_staleness = 5\n")))
     assert json.loads(r.get(Keys("s").shape)) == record  # not rewritten
 
@@ -39,6 +40,8 @@ def test_the_first_process_records_the_shape_and_a_match_passes(r, redis_url):
      'workflow.name = "noop" here, "controlled_length" in the farm'),
     (farm_toml("URL", "[workflow]\nseed = 3\n"),
      "workflow.seed = 3 here, 0 in the farm"),
+    (farm_toml("URL", 'placement = "group"\n'),
+     'rollout.placement = "group" here, "any" in the farm'),
 ])
 def test_a_config_that_disagrees_is_refused_and_changes_nothing(r, redis_url, redis_snapshot,
                                                                 toml, message):
@@ -63,6 +66,33 @@ def test_a_worker_with_another_group_size_is_refused_at_start(r, redis_url, redi
     assert done.returncode == 2, done.stderr
     assert "rollout.group_size = 2 here, 4 in the farm" in done.stderr
     assert redis_snapshot() == before  # not registered, nothing written
+
+
+def test_a_farm_recorded_before_placement_joined_the_shape_places_nothing(r, redis_url):
+    """A shape record without ``rollout.placement`` (an earlier release wrote it) holds
+    the default: a process that places groups is refused, one that does not passes."""
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    record = json.loads(r.get(Keys("s").shape))
+    del record["shape"]["rollout.placement"]
+    r.set(Keys("s").shape, json.dumps(record))
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    refusal = re.escape('rollout.placement = "group" here, "any" in the farm')
+    with pytest.raises(ConfigError, match=refusal):
+        check_shape(r, decode_config(farm_toml(redis_url, 'placement = "group"\n')))
+
+
+def test_a_worker_that_places_otherwise_than_the_farm_is_refused_at_start(
+        r, redis_url, redis_snapshot, tmp_path: Path):
+    Ledger.from_config(r, decode_config(farm_toml(redis_url, 'placement = "group"\n')))
+    before = redis_snapshot()
+    path = tmp_path / "worker.toml"
+    path.write_text(farm_toml(redis_url))
+    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
+                           "http://127.0.0.1:9", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert 'rollout.placement = "any" here, "group" in the farm' in done.stderr
+    assert redis_snapshot() == before
 
 
 @pytest.mark.parametrize("argv", [["collector"], ["node", "--gpus", "0"],

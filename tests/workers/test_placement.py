@@ -1,0 +1,104 @@
+"""Placement end to end: `queue-rollout worker` processes, simulated replicas as their
+own processes, the real collector in this process. A replica is killed while attempts
+wait on its queue: they move to the shared queue and complete elsewhere (what ran on it
+stays in doubt until it is back under a new boot); every group is delivered once and
+the doctor finds the ledger clean."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from queue_rollout.collector.loop import Collector
+from queue_rollout.config import load_config
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.embedded import free_port
+from queue_rollout.ledger.status import farm_status
+from queue_rollout.procs import cli_exe
+from testkit import wait_for
+
+GROUPS, G = 12, 4
+
+
+def write_toml(path: Path, redis_url: str) -> Path:
+    path.write_text(
+        f'[farm]\nname = "place"\nredis_url = "{redis_url}"\n'
+        f"[rollout]\ngroup_size = {G}\nbatch_size = 1\nmax_concurrent_samples = 8\n"
+        'max_staleness = 1000\nplacement = "group"\nplacement_wait_s = 2\n'
+        "[engine]\nslots_per_replica = 4\n"
+        "[collector]\nstep_ms = 50\n"
+        "[timeouts]\nshutdown_grace = 2\nlease = 3\n")
+    return path
+
+
+def replica(toml: Path, url: str = "") -> tuple[subprocess.Popen, str]:
+    url = url or f"http://127.0.0.1:{free_port()}"
+    port = url.rsplit(":", 1)[1]
+    proc = subprocess.Popen([cli_exe(), "sim-engine", "--port", port, "--slots", "4",
+                             "--step-ms", "2", "-c", str(toml)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: SGLangClient(url, timeout=1).healthy(timeout=1), what="replica up")
+    return proc, url
+
+
+def test_a_killed_replica_s_placed_attempts_move_and_every_group_is_delivered_once(
+        r, redis_url, tmp_path):
+    toml = write_toml(tmp_path / "farm.toml", redis_url)
+    config = load_config(toml)
+    ledger = Ledger.from_config(r, config)
+    replicas = [replica(toml) for _ in range(2)]
+    workers = [subprocess.Popen([cli_exe(), "worker", "--gpu", str(i), "--engine-url", url,
+                                 "-c", str(toml)], stdout=subprocess.PIPE, text=True)
+               for i, (_, url) in enumerate(replicas)]
+    stop = threading.Event()
+    collector = Collector(ledger, config, name="test-collector")
+    thread = collector.start(stop)
+    try:
+        for w in workers:
+            assert w.stdout is not None and "episode slots" in w.stdout.readline()
+        ledger.submit((f"g{i:02d}", json.dumps({
+            "id": f"g{i:02d}", "input_ids": list(range(i * 1000, i * 1000 + 300)),
+            "member_lengths": [150 + 40 * m for m in range(G)]}).encode())
+            for i in range(GROUPS))
+        wait_for(lambda: ledger.counters().get("finished", 0) >= G, 60, "a first group")
+        doomed_proc, _ = replicas[1]
+        doomed_proc.kill()  # its worker lives on, taking no job while /health fails
+        doomed_proc.wait()
+        wait_for(lambda: ledger.counters().get("placements:moved", 0) >= 1, 60,
+                 "placed attempts moved off the dead replica")
+        delivered: list[str] = []
+
+        def consume() -> None:
+            while (d := ledger.pop_batch("trainer")) is not None:
+                delivered.extend(d.batch.groups)
+                assert ledger.ack("trainer", d.batch.id).status == "acked"
+
+        # what ran there is in doubt (it may still run) until the replica is back under a
+        # new boot; what waited there went elsewhere meanwhile
+        assert ledger.counters().get("doubtful", 0) + ledger.counters().get("running", 0) > 0
+        replicas[1] = replica(toml, replicas[1][1])
+        wait_for(lambda: len(delivered) == GROUPS, 120, "every group delivered", consume)
+        status = farm_status(r, config, redis_url=redis_url)
+    finally:
+        stop.set()
+        thread.join(30)
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(60)
+        for proc, _ in replicas:
+            proc.kill()
+    assert sorted(delivered) == [f"g{i:02d}" for i in range(GROUPS)]  # each once
+    c = ledger.counters()
+    assert c.get("failed", 0) == 0 and c.get("reserved", 0) == 0
+    assert c["placements:one_replica"] + c.get("placements:split", 0) == GROUPS
+    placement = status["placement"]
+    assert placement["mode"] == "group" and placement["moved"] == c["placements:moved"] >= 1
+    assert examine(r, ledger.keys, 1).ok, examine(r, ledger.keys, 1).problems
+    # nothing is left placed or loaded once every attempt has ended
+    assert r.zcard(ledger.keys.placed) == 0 and r.hlen(ledger.keys.replica_load) == 0
