@@ -40,6 +40,7 @@ class LedgerBenchResult:
     trivial_calls: int
     redis_us_per_call: dict[str, float]
     wait_replicas: int = 0
+    placement: str = "any"
 
     @property
     def ledger_ops_per_s(self) -> float:
@@ -57,7 +58,7 @@ class LedgerBenchResult:
         return {
             "profile": "ledger",
             "clients": self.clients,
-            "wait_replicas": self.wait_replicas,
+            "wait_replicas": self.wait_replicas, "placement": self.placement,
             "ledger_ops_per_s": round(self.ledger_ops_per_s, 1),
             "trivial_script_per_s": round(self.trivial_script_per_s, 1),
             "ratio": round(self.ratio, 3),
@@ -65,10 +66,16 @@ class LedgerBenchResult:
         }
 
 
-def _rollout() -> RolloutConfig:
+def _rollout(placement: str = "any") -> RolloutConfig:
     # Capacity and staleness budget large enough never to block: this measures cost.
     return RolloutConfig(group_size=GROUP, batch_size=1, max_concurrent_samples=10**9,
-                         max_staleness=10**9)
+                         max_staleness=10**9, placement=placement)  # type: ignore[arg-type]
+
+
+def _placeable(ledger: Ledger, worker: str) -> None:
+    """A ledger that places groups: *worker* may take any number of them."""
+    if ledger.rollout.placement == "group":
+        ledger.set_replicas({worker: 10**9})
 
 
 def segment_kinds(rounds: int) -> list[str]:
@@ -78,13 +85,14 @@ def segment_kinds(rounds: int) -> list[str]:
 
 
 def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
-            wait_replicas: int, out: mp.Queue[dict[str, int]]) -> None:
+            wait_replicas: int, placement: str, out: mp.Queue[dict[str, int]]) -> None:
     client = redis.Redis.from_url(url)
-    ledger = Ledger(client, FARM, _rollout(), wait=WaitPolicy(wait_replicas))
+    ledger = Ledger(client, FARM, _rollout(placement), wait=WaitPolicy(wait_replicas))
     trivial = client.register_script("return 1")
     key = f"bench:{{{FARM}}}:trivial"
     trivial(keys=[key], args=[index])  # loaded before the clock starts
     worker = f"bench-{index}"
+    _placeable(ledger, worker)
     counts = {"trivial": 0, "ledger": 0}
     for i, kind in enumerate(segment_kinds(rounds)):
         start = t0 + i * (segment_s + GAP_S)
@@ -136,12 +144,14 @@ PROBES = {
 }
 
 
-def script_costs(url: str, groups: int = 200, wait_replicas: int = 0) -> dict[str, float]:
+def script_costs(url: str, groups: int = 200, wait_replicas: int = 0,
+                 placement: str = "any") -> dict[str, float]:
     """Redis-side microseconds per call of each script (INFO commandstats), measured
     from one client, one operation kind at a time; ``<op>_commands``: of those, the
     time in the commands the script ran; then the :data:`PROBES`."""
     client = redis.Redis.from_url(url)
-    ledger = Ledger(client, "bench-cost", _rollout(), wait=WaitPolicy(wait_replicas))
+    ledger = Ledger(client, "bench-cost", _rollout(placement), wait=WaitPolicy(wait_replicas))
+    _placeable(ledger, "cost")
     ledger.submit((f"c{i}", b"{}") for i in range(groups))
     trivial = client.register_script("return 1")
     trivial(keys=["bench:{bench-cost}:trivial"], args=[0])
@@ -181,7 +191,8 @@ def script_costs(url: str, groups: int = 200, wait_replicas: int = 0) -> dict[st
 
 
 def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
-                     prompts: int = 60_000, wait_replicas: int = 0) -> LedgerBenchResult:
+                     prompts: int = 60_000, wait_replicas: int = 0,
+                     placement: str = "any") -> LedgerBenchResult:
     """Run against a private redis-server (never a production farm). *seconds* is the
     time per kind, split into *rounds* segments of each. With *wait_replicas*, that
     many private replicas follow it and every ledger change waits for them (WAIT)."""
@@ -200,7 +211,8 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
         out: mp.Queue[dict[str, int]] = ctx.Queue()
         t0 = time.time() + 2.0  # spawn and import before the first segment
         procs = [ctx.Process(target=_client,
-                             args=(server.url, i, t0, segment_s, rounds, wait_replicas, out))
+                             args=(server.url, i, t0, segment_s, rounds, wait_replicas,
+                                   placement, out))
                  for i in range(clients)]
         for p in procs:
             p.start()
@@ -208,10 +220,10 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
         results = [out.get(timeout=total) for _ in procs]
         for p in procs:
             p.join()
-        costs = script_costs(server.url, wait_replicas=wait_replicas)
+        costs = script_costs(server.url, wait_replicas=wait_replicas, placement=placement)
     return LedgerBenchResult(
         clients, seconds,
         ledger_ops=sum(r["ledger"] for r in results),
         trivial_calls=sum(r["trivial"] for r in results),
-        redis_us_per_call=costs, wait_replicas=wait_replicas,
+        redis_us_per_call=costs, wait_replicas=wait_replicas, placement=placement,
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from queue_rollout.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
+from queue_rollout.bench.placement import LONG_PROMPT, placement_text, run_long_prompt
 from queue_rollout.bench.profiles import PILOTS, Profile, Scale, Shape
 from queue_rollout.bench.seed_pilots import (
     SEED_PILOTS,
@@ -26,12 +27,14 @@ from queue_rollout.bench.seed_pilots import (
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
-#: Every pilot: the synthetic ones and the seed's workloads.
-PILOT_NAMES = (*PILOTS, *SEED_PILOTS)
-ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS)
+#: Every pilot: the synthetic ones, the seed's workloads, placement's.
+PILOT_NAMES = (*PILOTS, *SEED_PILOTS, LONG_PROMPT.name)
+ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS, LONG_PROMPT.name)
 
 
 def pilot_profile(name: str) -> Profile:
+    if name == LONG_PROMPT.name:
+        return LONG_PROMPT
     return PILOTS[name] if name in PILOTS else SEED_PILOTS[name]()
 
 
@@ -51,6 +54,7 @@ class BenchArgs:
     ledger_seconds: float = 6.0
     ledger_rounds: int = 3
     wait_replicas: int = 0  # ledger: replicas every change waits for
+    placement: str = "any"  # ledger: rollout.placement of the ledger measured
     command: str = "queue-rollout bench"  # for the report
     workdir: Path | None = None  # its farms' state and logs (None: a temporary folder)
     verbose: bool = False  # the processes' logs on the terminal instead of in workdir
@@ -123,6 +127,10 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                     progress(setting_line(shape, scale))
                     bench = open_bench(work / f"pilots-{name}", shape, scale,
                                        redis_server.url, progress, logs=not args.verbose)
+                if profile is LONG_PROMPT:
+                    result, runs[name] = run_long_prompt(bench, profile, shape.max_staleness)
+                    emit(result, placement_text(result))
+                    continue
                 result, runs[name] = run_pilot(bench, profile, shape.max_staleness)
                 if name == "long-tail":
                     sweeps[name] = window_sweep(bench, profile)
@@ -159,11 +167,13 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
 
         progress(f"ledger: {args.ledger_clients} clients, {args.ledger_seconds:g} s per kind")
         lb = run_ledger_bench(clients=args.ledger_clients, seconds=args.ledger_seconds,
-                              rounds=args.ledger_rounds, wait_replicas=args.wait_replicas)
+                              rounds=args.ledger_rounds, wait_replicas=args.wait_replicas,
+                              placement=args.placement)
         costs = ", ".join(f"{k} {v:g}" for k, v in lb.redis_us_per_call.items())
         waits = (f", each change waiting for {lb.wait_replicas} replica(s)"
                  if lb.wait_replicas else "")
-        emit(lb.as_json(), f"bench ledger: {lb.clients} clients{waits}\n"
+        placed = ", placing groups" if lb.placement == "group" else ""
+        emit(lb.as_json(), f"bench ledger: {lb.clients} clients{waits}{placed}\n"
              f"  ledger ops/s (admit, start, finish) {lb.ledger_ops_per_s:12,.0f}\n"
              f"  trivial script calls/s (floor)      {lb.trivial_script_per_s:12,.0f}\n"
              f"  ratio                               {lb.ratio:12.2f}\n"

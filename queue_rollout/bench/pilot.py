@@ -64,6 +64,7 @@ class ModeRun:
 
     mode: str
     slots: int
+    placement: str = "any"  # rollout.placement
     ready: list[float] = field(default_factory=list)
     pauses: list[tuple[float, float]] = field(default_factory=list)  # trainer's windows
     accepted_at_ready: list[int] = field(default_factory=list)
@@ -210,13 +211,14 @@ class Bench:
     def stop(self) -> None:
         stop_all((e.proc for e in self.engines if e.proc), 10)
 
-    def rollout(self, mode: str, max_staleness: int) -> dict[str, object]:
-        return rollout_settings(self.shape, mode, max_staleness)
+    def rollout(self, mode: str, max_staleness: int, placement: str = "any"
+                ) -> dict[str, object]:
+        return rollout_settings(self.shape, mode, max_staleness, placement)
 
     # -- one mode ----------------------------------------------------------------------
 
     def run_mode(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
-                 max_staleness: int) -> ModeRun:
+                 max_staleness: int, placement: str = "any") -> ModeRun:
         self.runs += 1
         s, train_s = self.shape, self.shape.train_s * self.scale.time
         state = self.workdir / f"run-{self.runs}"
@@ -224,7 +226,7 @@ class Bench:
         config = msgspec.convert({
             "farm": {"name": f"bench-{self.runs}-{profile.name}-{mode}",
                      "redis_url": self.redis_url, "state_dir": str(state)},
-            "rollout": self.rollout(mode, max_staleness),
+            "rollout": self.rollout(mode, max_staleness, placement),
             "workflow": {"name": workflow},
             "engine": self.engine_section(),
             "collector": {"step_ms": self.scale.collector_step_ms},
@@ -236,7 +238,7 @@ class Bench:
                          log_dir=state if self.logs else None)
         farm.start()
         stop = threading.Event()
-        run = ModeRun(mode, s.slots, batch_size=s.batch_size)
+        run = ModeRun(mode, s.slots, placement, batch_size=s.batch_size)
         try:
             client = RolloutClient(Ledger.from_config(connect(self.redis_url), config), config)
             farm.wait_ready(stop)
@@ -274,7 +276,8 @@ class Bench:
         # and the doctor reads what no process changes meanwhile
         run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
                                       s.batch_size).problems
-        run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}")
+        run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}",
+                               placement=placement)
         return run
 
     def _requests(self, t0: float, t1: float) -> list[dict[str, Any]]:
@@ -291,7 +294,8 @@ class Bench:
         return out
 
     def ideal(self, prompts: list[dict[str, Any]], mode: str, max_staleness: int,
-              farm: str, pause_mode: PauseMode = "in_place") -> SimReport:
+              farm: str, pause_mode: PauseMode = "in_place", placement: str = "any"
+              ) -> SimReport:
         """The ideal schedule of the same policy (:func:`ideal_schedule`) on this
         bench's Redis. *farm* names it; a suffix of its own keeps it apart from every
         other run on this Redis."""
@@ -299,7 +303,7 @@ class Bench:
         try:
             return ideal_schedule(client, self.shape, self.scale, prompts, mode,
                                   max_staleness, f"{farm}-{uuid.uuid4().hex[:12]}",
-                                  pause_mode=pause_mode)
+                                  pause_mode=pause_mode, placement=placement)
         finally:
             client.close()
 
@@ -312,13 +316,14 @@ def kv_settings(shape: Shape, scale: Scale) -> dict[str, Any]:
             "max_total_tokens": scale.length(shape.max_total_tokens)}
 
 
-def rollout_settings(shape: Shape, mode: str, max_staleness: int) -> dict[str, object]:
+def rollout_settings(shape: Shape, mode: str, max_staleness: int,
+                     placement: str = "any") -> dict[str, object]:
     """The ``[rollout]`` section of *mode* on *shape*: group mode admits whole groups
-    into the slots, sample mode one member per slot."""
+    into the slots, sample mode one member per slot; *placement* as ``rollout.placement``."""
     rollout: dict[str, object] = {
         "group_size": shape.group_size, "batch_size": shape.batch_size,
         "max_concurrent_rollouts": shape.slots // shape.group_size,
-        "max_staleness": max_staleness}
+        "max_staleness": max_staleness, "placement": placement}
     if mode == "sample":
         rollout["max_concurrent_samples"] = shape.slots
     return rollout
@@ -326,14 +331,15 @@ def rollout_settings(shape: Shape, mode: str, max_staleness: int) -> dict[str, o
 
 def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
                    prompts: list[dict[str, Any]], mode: str, max_staleness: int, farm: str,
-                   *, pause_mode: PauseMode = "in_place",
+                   *, pause_mode: PauseMode = "in_place", placement: str = "any",
                    on_progress: Callable[[SimFarm], None] | None = None) -> SimReport:
     """The ideal schedule of a policy: the ledger's scripts on *client* under the farm
     name *farm* (a new one) and the engine model, in virtual time, with zero
     control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it."""
     s, f = shape, scale.step_factor
     clock = ManualClock()
-    rollout = msgspec.convert(rollout_settings(shape, mode, max_staleness), RolloutConfig)
+    rollout = msgspec.convert(rollout_settings(shape, mode, max_staleness, placement),
+                              RolloutConfig)
     ledger = Ledger(client, farm, rollout, clock=clock)
     episodes: dict[str, Any] = (
         {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
@@ -407,7 +413,8 @@ def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool 
     problems: list[str] = []
     want = {p["id"]: manifest_turns(p) for p in prompts}
     for run in runs:
-        tag = f"{run.mode} mode"
+        tag = f"{run.mode} mode" + (f", placement {run.placement}"
+                                     if run.placement != "any" else "")
         subset = [p for p in prompts if p["id"] in run.delivered]
         if run.delivered_digest != manifest_digest(subset) or not set(run.delivered) <= set(want):
             problems.append(f"{tag}: the prompts delivered differ from the manifest")
@@ -529,6 +536,7 @@ def ideal_json(ideal: SimReport, shape: Shape, multi_turn: bool) -> dict[str, An
         "gpu_busy": round(ideal.gpu_busy, 4),
         "retractions": ideal.retractions,
         "prefill_tokens": ideal.prefill_tokens,
+        "prefill_tokens_cached": ideal.cached_tokens,
         **schedule_figures(ideal.ready_times, ideal.pause_ends, shape.batch_size,
                            shape.train_batches),
     }

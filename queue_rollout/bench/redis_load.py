@@ -137,6 +137,7 @@ class RedisLoadResult:
     resume_s: list[float] = field(default_factory=list)  # resume() to every replica going
     wait_replicas: int = 0  # farm.redis_wait_replicas of the farm measured
     replicas: int = 0  # replicas following the Redis (at least wait_replicas)
+    placement: str = "any"  # the farm's rollout.placement
     notes: list[str] = field(default_factory=list)
 
     # -- per unit, above the empty server ---------------------------------------------
@@ -224,6 +225,7 @@ class RedisLoadResult:
         return {
             "profile": "redis-load", "gpus": self.gpus, "slots_per_gpu": self.slots_per_gpu,
             "wait_replicas": self.wait_replicas, "replicas": self.replicas,
+            "placement": self.placement,
             "baseline_core_pct": round(self.baseline.core_pct, 4),
             "baseline_calls_per_s": round(self.baseline.calls_per_s, 2),
             "collector_calls_per_s": round(self.collector_calls_per_s, 2),
@@ -261,12 +263,13 @@ def _median_max(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
-def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int) -> Config:
+def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int,
+            placement: str = "any") -> Config:
     return msgspec.convert({
         "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state),
                  "redis_wait_replicas": wait_replicas},
         "rollout": {"group_size": 8, "batch_size": 16, "max_concurrent_samples": gpus * slots,
-                    "max_staleness": 1_000_000},
+                    "max_staleness": 1_000_000, "placement": placement},
         "engine": {"replicas": gpus, "slots_per_replica": slots, "threads_per_process": slots,
                    "step_ms": 4.5, "step_ms_per_request": 0.2},
         "metrics": {"port": free_port()},
@@ -276,7 +279,7 @@ def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: i
 
 def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0,
                          burst_groups: int = 100, burst_rounds: int = 3, run_s: float = 20.0,
-                         wait_replicas: int = 0,
+                         wait_replicas: int = 0, placement: str = "any",
                          replicas: int | None = None, workdir: Path, logs: bool = True,
                          progress: Callable[[str], None] = lambda line: None
                          ) -> RedisLoadResult:
@@ -296,7 +299,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
         a = read(meter)
         time.sleep(idle_s)
         baseline = Window.between(a, read(meter))
-        config = _config(server.url, workdir / "farm", gpus, slots, wait_replicas)
+        config = _config(server.url, workdir / "farm", gpus, slots, wait_replicas, placement)
         progress(f"redis-load: a collector alone (a farm of no GPUs) for {idle_s:g}s")
         alone, alone_clients = _collector_alone(config, meter, workdir, idle_s,
                                                 log=logs)
@@ -332,7 +335,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             meter.close()
     return RedisLoadResult(gpus, slots, baseline, idle, connections, bursts, episodes,
                            running, held, alone, alone_clients, pauses, resumes,
-                           wait_replicas, replicas)
+                           wait_replicas, replicas, placement)
 
 
 def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,

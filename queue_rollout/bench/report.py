@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.bench.pilot import ModeRun
+from queue_rollout.bench.placement import placement_markdown
 from queue_rollout.bench.seed_pilots import SENSITIVE
 from queue_rollout.errors import ConfigError
 
@@ -185,7 +186,9 @@ def write_report(out: Path, results: list[dict[str, Any]],
           f"{platform.system()} {platform.release()}", ""]
     for result in results:
         name = result["profile"]
-        if name in runs:
+        if "runs" in result:  # long-prompt: a run per (mode, placement)
+            md += [f"## {name}", "", placement_markdown(result), ""]
+        elif name in runs:
             md += [f"## {name}", "", pilot_markdown(result), ""]
             for kind in _plot_pilot(plt, out, name, runs[name], result):
                 md += [f"![{name} {kind}]({name}-{kind}.png)", ""]

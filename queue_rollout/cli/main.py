@@ -84,6 +84,7 @@ def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
         gpus=args.gpus, slots_per_replica=args.slots_per_replica, group_size=args.group_size,
         batch_size=args.batch_size, batches=args.batches, train_s=args.train_s,
         max_staleness=tuple(args.max_staleness or ()), modes=tuple(args.modes),
+        placements=tuple(args.placement or (config.rollout.placement,)),
         time_scale=args.time_scale, token_scale=args.token_scale, seed=args.seed,
         redis_load=Path(args.redis_load) if args.redis_load else None, json=args.json,
         out=Path(args.out) if args.out else None,
@@ -102,13 +103,20 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _mode_list(text: str) -> list[str]:
-    modes = text.split(",")
-    bad = [m for m in modes if m not in ("group", "sample")]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(bad)}; choose from "
-                                         "group, sample")
-    return modes
+def _choices(what: str, allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """A parser of a comma-separated list of *allowed* values (``--modes group,sample``)."""
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad)}; choose from "
+                                             f"{', '.join(allowed)}")
+        return values
+    return parse
+
+
+_mode_list = _choices("mode(s)", ("group", "sample"))
+_placement_list = _choices("placement(s)", ("any", "group"))
 
 
 def _positive(text: str) -> int:
@@ -141,7 +149,7 @@ def _non_negative_float(text: str) -> float:
 
 #: The bench's pilots, which ``plan`` takes as workloads.
 PLAN_PROFILES = ("long-tail", "equal", "group-between", "mixed-tail", "swe-agentic",
-                 "boba-math", "boba-math-b8")
+                 "boba-math", "boba-math-b8", "long-prompt")
 
 
 def _fraction(text: str) -> float:
@@ -182,7 +190,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
             log_to_file(work / "bench.log")
         load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,
                                     wait_replicas=args.wait_replicas,
-                                    replicas=args.replicas, idle_s=args.idle_s, run_s=args.run_s,
+                                    placement=args.placement, replicas=args.replicas,
+                                    idle_s=args.idle_s, run_s=args.run_s,
                                     burst_groups=args.burst_groups,
                                     burst_rounds=args.burst_rounds, workdir=work,
                                     logs=not args.verbose,
@@ -204,7 +213,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         token_scale=args.token_scale, cp_workers=args.workers, cp_episodes=args.episodes,
         ledger_clients=args.clients, ledger_seconds=6.0 if args.seconds is None else args.seconds,
         ledger_rounds=args.rounds, refit=args.refit, sensitivity=args.sensitivity,
-        wait_replicas=args.wait_replicas,
+        wait_replicas=args.wait_replicas, placement=args.placement,
         command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
 
@@ -446,11 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="all",
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
                             "control-plane", "ledger", "calibration", "swe-agentic",
-                            "boba-math", "boba-math-b8", "all", "sim-replica", "redis-load"],
+                            "boba-math", "boba-math-b8", "long-prompt", "all", "sim-replica",
+                            "redis-load"],
                    help="pilots (long-tail, equal, group-between, mixed-tail; the seed's "
                         "workloads swe-agentic, boba-math, boba-math-b8, each at its own "
                         "shape and scale): both admission modes through the real stack "
-                        "beside their ideal schedules; control-plane: no-op "
+                        "beside their ideal schedules; long-prompt: both modes with "
+                        "rollout.placement any and group, prefill computed and cached per "
+                        "group; control-plane: no-op "
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; calibration: the engine model's ideal schedules of "
                         "long-tail and equal under each pause mode beside the reference's "
@@ -490,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-replicas", type=_non_negative, default=0,
                    help="ledger, redis-load: start this many private replicas and make "
                         "every ledger change wait for them (farm.redis_wait_replicas)")
+    p.add_argument("--placement", choices=["any", "group"], default="any",
+                   help="ledger, redis-load: the farm's rollout.placement (default any)")
     p.add_argument("--replicas", type=_non_negative, default=None,
                    help="redis-load: private replicas following the Redis (default: "
                         "--wait-replicas); more than --wait-replicas are followed, not "
@@ -541,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "rollout.max_staleness)")
     p.add_argument("--modes", type=_mode_list, default=["group", "sample"],
                    help="admission modes to compare (default group,sample)")
+    p.add_argument("--placement", type=_placement_list,
+                   help="rollout.placement settings to compare, e.g. any,group (default: "
+                        "the config's); the table adds prefill computed per group")
     p.add_argument("--time-scale", type=_fraction, default=1.0,
                    help="simulated seconds per real second of the workload (default 1)")
     p.add_argument("--token-scale", type=_fraction, default=1.0,

@@ -80,6 +80,8 @@ class Admission:
     reason: str = ""
     group_id: str = ""
     attempt_ids: tuple[str, ...] = ()
+    #: placement: the worker each attempt is placed on (empty when any worker takes it)
+    replicas: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +183,9 @@ class Ledger:
         )
         status = _s(reply[0])
         if status == "admitted":
-            return Admission("admitted", "", _s(reply[1]), tuple(_s(a) for a in reply[2:]))
+            g = r.group_size
+            return Admission("admitted", "", _s(reply[1]), tuple(_s(a) for a in reply[2:2 + g]),
+                             tuple(_s(w) for w in reply[2 + g:]))
         return Admission(status, _s(reply[1]))  # type: ignore[arg-type]
 
     # -- attempts ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from queue_rollout.bench.profiles import Profile, Scale, Shape
 from queue_rollout.errors import BadInput
 from queue_rollout.plan.headroom import Headroom, headroom, load_redis_costs
 from queue_rollout.plan.report import recommend, table, write_report
-from queue_rollout.plan.run import MODES, PlanRun, Setting, run_plan
+from queue_rollout.plan.run import MODES, PLACEMENTS, PlanRun, Setting, run_plan
 from queue_rollout.plan.workload import farm_shapes, read_shapes, sample_manifest
 
 #: Batches a workload file is planned over unless ``--batches`` says otherwise.
@@ -43,6 +43,7 @@ class PlanArgs:
     train_s: float | None = None  # reference seconds of training after each batch
     max_staleness: tuple[int, ...] = ()  # () : the config's
     modes: tuple[str, ...] = MODES
+    placements: tuple[str, ...] = ("any",)  # rollout.placement settings
     time_scale: float = 1.0
     token_scale: float = 1.0
     seed: int = 0  # which groups a workload file's sample draws
@@ -113,8 +114,12 @@ def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO | None = None
         raise BadInput("--max-staleness values must be >= 0")
     costs = load_redis_costs(args.redis_load)
     name, shape, scale, prompts = workload(args)
-    settings = [Setting(mode, s) for mode in args.modes
-                for s in (args.max_staleness or (default_staleness,))]
+    if not args.placements or set(args.placements) - set(PLACEMENTS):
+        raise BadInput(f"--placement: {', '.join(args.placements) or 'none given'}; choose "
+                       f"from {', '.join(PLACEMENTS)}")
+    settings = [Setting(mode, s, placement) for mode in args.modes
+                for s in (args.max_staleness or (default_staleness,))
+                for placement in args.placements]
     print(f"queue-rollout plan: {name}, {len(prompts)} groups of {shape.group_size}, "
           f"B={shape.batch_size}, {shape.replicas} GPUs x {shape.slots_per_replica} slots, "
           f"{shape.train_batches} trained batches ({shape.train_s * scale.time:g} s each); "
@@ -124,7 +129,9 @@ def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO | None = None
     rooms = [_headroom(r, shape, scale, costs) for r in runs]
     rows = [{**r.as_json(shape), "redis": room.as_json()} for r, room in zip(runs, rooms,
                                                                             strict=True)]
-    groups = [r for r in rows if r["mode"] == "group"] or rows  # the baseline: group
+    # the baseline: group admission at the configured window, placing as configured
+    groups = [r for r in rows if r["mode"] == "group"] or rows
+    groups = [r for r in groups if r["placement"] == args.placements[0]] or groups
     base = next((r for r in groups if r["max_staleness"] == default_staleness), groups[0])
     best, advice = recommend(rows, base)
     lines = [advice, rooms[rows.index(best)].text()]

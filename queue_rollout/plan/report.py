@@ -21,6 +21,17 @@ COLUMNS = (("mode", "mode", "{}"), ("max_staleness", "stale", "{}"),
            ("slot_occupancy", "occupancy", "{:.3f}"),
            ("mean_consumed_staleness", "staleness", "{:.2f}"),
            ("retractions", "retractions", "{:,}"))
+#: Added when a setting places groups: where a group runs decides its prefill.
+PLACEMENT_COLUMNS = (("placement", "placement", "{}"),
+                     ("prefill_tokens_per_group", "prefill/group", "{:,.0f}"),
+                     ("cache_hit_rate", "cache hits", "{:.3f}"))
+
+
+def columns(rows: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
+    """The table's columns: the placement's when any row places groups."""
+    if any(row.get("placement", "any") != "any" for row in rows):
+        return COLUMNS[:2] + PLACEMENT_COLUMNS + COLUMNS[2:]
+    return COLUMNS
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -30,8 +41,9 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = [title for _, title, _ in COLUMNS]
-    body = [[_cell(row.get(key), fmt) for key, _, fmt in COLUMNS] for row in rows]
+    cols = columns(rows)
+    head = [title for _, title, _ in cols]
+    body = [[_cell(row.get(key), fmt) for key, _, fmt in cols] for row in rows]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in body]
@@ -39,9 +51,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
-             "|" + "---|" * 2 + "---:|" * (len(COLUMNS) - 2)]
-    lines += ["| " + " | ".join(_cell(row.get(key), fmt) for key, _, fmt in COLUMNS) + " |"
+    cols = columns(rows)
+    lines = ["| " + " | ".join(title for _, title, _ in cols) + " |",
+             "|" + "---|" * 2 + "---:|" * (len(cols) - 2)]
+    lines += ["| " + " | ".join(_cell(row.get(key), fmt) for key, _, fmt in cols) + " |"
               for row in rows]
     return "\n".join(lines)
 
@@ -55,7 +68,8 @@ def _speed(row: dict[str, Any]) -> float:
 
 def _name(row: dict[str, Any]) -> str:
     mode = "sample-level refill" if row["mode"] == "sample" else "group admission"
-    return f"{mode} at max_staleness {row['max_staleness']}"
+    placed = " with placement = \"group\"" if row.get("placement", "any") == "group" else ""
+    return f"{mode} at max_staleness {row['max_staleness']}{placed}"
 
 
 def recommend(rows: list[dict[str, Any]], baseline: dict[str, Any]
@@ -64,8 +78,11 @@ def recommend(rows: list[dict[str, Any]], baseline: dict[str, Any]
     setting under group admission) and what it costs in staleness."""
     best_speed = min(_speed(r) for r in rows)
     fast = [r for r in rows if _speed(r) <= best_speed * (1 + TIE)]
+    # among equally fast settings: the least stale, group admission, the smallest
+    # window, then the least prefill computed (placement)
     best = min(fast, key=lambda r: (r.get("mean_consumed_staleness") or 0.0,
-                                    r["mode"] != "group", r["max_staleness"]))
+                                    r["mode"] != "group", r["max_staleness"],
+                                    r.get("prefill_tokens_per_group") or 0.0))
     what = ("mean rollout interval" if best.get("mean_rollout_interval_s") is not None
             else "time to complete every group")
     if best is baseline:
@@ -90,7 +107,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], lines: list[str],
     """``plan.md`` with plots of the interval and the staleness per setting."""
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
-    labels = [f"{r['mode']}\ns={r['max_staleness']}" for r in rows]
+    labels = [f"{r['mode']}\ns={r['max_staleness']}"
+              + ("\nplaced" if r.get("placement", "any") == "group" else "") for r in rows]
     for name, key, ylabel in (
             ("interval", None, "mean rollout interval (s)"),
             ("staleness", "mean_consumed_staleness", "mean staleness of consumed groups")):

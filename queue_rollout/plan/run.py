@@ -30,16 +30,19 @@ from queue_rollout.progress import LiveView
 from queue_rollout.virtual.farm import SimFarm, SimReport
 
 MODES = ("group", "sample")
+PLACEMENTS = ("any", "group")
 
 
 @dataclass(frozen=True)
 class Setting:
     mode: str
     max_staleness: int
+    placement: str = "any"  # rollout.placement
 
     @property
     def label(self) -> str:
-        return f"{self.mode} admission, max_staleness {self.max_staleness}"
+        placed = ", groups placed on one replica" if self.placement == "group" else ""
+        return f"{self.mode} admission, max_staleness {self.max_staleness}{placed}"
 
 
 @dataclass
@@ -63,10 +66,16 @@ class PlanRun:
         """The bench's ideal-schedule figures, then the plan's own."""
         figures = ideal_json(self.report, shape, self.multi_turn)
         per = max(self.episodes, 1)
+        groups = max(self.report.groups_accepted + self.report.groups_rejected, 1)
+        prefill = self.report.prefill_tokens + self.report.cached_tokens
         mean = self.mean_staleness
         return {
             "mode": self.setting.mode, "max_staleness": self.setting.max_staleness,
+            "placement": self.setting.placement,
             **figures,
+            "prefill_tokens_per_group": round(self.report.prefill_tokens / groups, 1),
+            "cache_hit_rate": (round(self.report.cached_tokens / prefill, 4) if prefill
+                               else None),
             "accepted_groups_per_hour": figures["steady_groups_per_hour"],
             "groups_accepted": self.report.groups_accepted,
             "batches": self.report.batches,
@@ -111,7 +120,8 @@ def run_setting(client: redis.Redis, shape: Shape, scale: Scale,
                 show: Callable[[SimFarm], None] | None = None) -> PlanRun:
     """One setting's ideal schedule on *client* (a farm name of its own, deleted
     after), measured."""
-    farm = f"plan-{setting.mode}-{setting.max_staleness}-{uuid.uuid4().hex[:8]}"
+    farm = (f"plan-{setting.mode}-{setting.max_staleness}-{setting.placement}-"
+            f"{uuid.uuid4().hex[:8]}")
     tap = ObservationTap(client, Keys(farm).observations)
     polled_at = [time.monotonic()]
 
@@ -124,7 +134,8 @@ def run_setting(client: redis.Redis, shape: Shape, scale: Scale,
 
     started, before = time.monotonic(), read(client)
     report = ideal_schedule(client, shape, scale, prompts, setting.mode,
-                            setting.max_staleness, farm, on_progress=progress)
+                            setting.max_staleness, farm, placement=setting.placement,
+                            on_progress=progress)
     after = read(client)
     tap.poll()
     episodes = int(client.hget(Keys(farm).counters, "finished") or 0)

@@ -17,6 +17,11 @@ carries the whole context so far; between turns the episode holds its worker's s
 for the turn's tool time while nothing generates, and the tool's output joins the
 context. A replica's worker runs at most ``slots_per_replica`` episodes, generating or
 waiting on a tool; a request sent to a paused replica waits there, as SGLang holds it.
+
+Placement follows the ledger: with ``rollout.placement = "any"`` each admitted attempt
+goes to the least loaded replica with a free slot; with ``"group"`` the admission
+names each attempt's replica (worker ``sim-<j>``) and the attempt waits for that
+replica's worker, as a placed job waits on its replica's queue.
 """
 
 from __future__ import annotations
@@ -70,6 +75,9 @@ class SimReport:
     prefill_tokens: int = 0  # context tokens the replicas computed (recomputation included)
     mean_in_flight: float = 0.0  # episodes holding a slot (tool waits too), time-averaged
     gpu_busy: float = 0.0  # share of replica time with a prefill or decode running
+    cached_tokens: int = 0  # prompt tokens found in the replicas' prefix caches
+    #: placement: groups admitted onto one replica, or split over several
+    placements: dict[str, int] = field(default_factory=dict)
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -165,6 +173,12 @@ class SimFarm:
         self.on_progress = on_progress
         self.stop_after = stop_after
         self.waiting: deque[str] = deque()  # admitted attempts not yet on a replica
+        #: placement: attempts the ledger placed on replica j, waiting for its worker
+        self.waiting_on: list[deque[str]] = [deque() for _ in range(replicas)]
+        self.placing = ledger.rollout.placement == "group"
+        self._waiting_replicas: set[int] = set()  # replicas with placed attempts waiting
+        if self.placing:  # every replica's worker is live from the start
+            ledger.set_replicas({_worker(j): slots_per_replica for j in range(replicas)})
         self.done_groups = 0
         self.accepted = self.rejected = 0
         self.ready_times: list[float] = []
@@ -223,6 +237,9 @@ class SimFarm:
             output_tokens=self.output_tokens,
             retractions=sum(r.counters.retracted_requests for r in self.replicas),
             prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
+            cached_tokens=sum(r.counters.cached_tokens for r in self.replicas),
+            placements={how: c.get(f"placements:{how}", 0)
+                        for c in [self.ledger.counters()] for how in ("one_replica", "split")},
         )
 
     def _admit_and_place(self) -> None:
@@ -233,20 +250,37 @@ class SimFarm:
             if admission.status != "admitted":
                 self._admissible = False
                 break
-            self.waiting.extend(admission.attempt_ids)
-        while self.waiting and self._training_until is None:
+            if self.placing:
+                for aid, worker in zip(admission.attempt_ids, admission.replicas, strict=True):
+                    j = int(worker.removeprefix("sim-"))
+                    self.waiting_on[j].append(aid)
+                    self._waiting_replicas.add(j)
+            else:
+                self.waiting.extend(admission.attempt_ids)
+        if self._training_until is not None:
+            return
+        for j in sorted(self._waiting_replicas):  # placed attempts: on their replica
+            queue = self.waiting_on[j]
+            while queue and self._episodes_on[j] < self.slots_per_replica:
+                self._start(queue.popleft(), j)
+            if not queue:
+                self._waiting_replicas.discard(j)
+        while self.waiting:
             i = self._least_loaded()
             if self._episodes_on[i] >= self.slots_per_replica:
                 break
-            aid = self.waiting.popleft()
-            start = self.ledger.start(aid, f"sim-{i}", f"sim-{i}", "sim-boot", 3600)
-            if start.status != "started":
-                raise RuntimeError(f"start {aid}: {start.reason}")
-            self._placed[aid] = _Placed(start.group_id, start.member,
-                                        self.turns[start.group_id][start.member], replica=i,
-                                        context=self._prompt(start.group_id))
-            self._episodes_on[i] += 1
-            self._send(aid)
+            self._start(self.waiting.popleft(), i)
+
+    def _start(self, aid: str, i: int) -> None:
+        """Replica *i*'s worker starts the attempt and sends its first request."""
+        start = self.ledger.start(aid, _worker(i), _worker(i), "sim-boot", 3600)
+        if start.status != "started":
+            raise RuntimeError(f"start {aid}: {start.reason}")
+        self._placed[aid] = _Placed(start.group_id, start.member,
+                                    self.turns[start.group_id][start.member], replica=i,
+                                    context=self._prompt(start.group_id))
+        self._episodes_on[i] += 1
+        self._send(aid)
 
     def _send(self, aid: str) -> None:
         """The request of the episode's current turn, with its whole context."""
@@ -415,6 +449,11 @@ class SimFarm:
         self.pause_ends.append(self.clock.now)
         self._training_until = None
         self._held = None
+
+
+def _worker(j: int) -> str:
+    """The worker id of replica *j*'s worker."""
+    return f"sim-{j}"
 
 
 def _attempt(rid: str) -> str:

@@ -239,7 +239,8 @@ def test_every_panel_queries_metrics_the_farm_exports(r):
               "queue_rollout_groups_ready", "queue_rollout_batch_interval_seconds_bucket",
               "queue_rollout_consumed_group_staleness_bucket",
               "queue_rollout_doubtful_attempts", "queue_rollout_workers_alive",
-              "sglang:num_running_reqs", "sglang:gen_throughput"}
+              "sglang:num_running_reqs", "sglang:gen_throughput",
+              "queue_rollout_prefill_tokens_total", "queue_rollout_placements_total"}
     used = set().union(*(metric_names(e) for _, e in dashboard_exprs()))
     assert needed <= used, f"no panel for {sorted(needed - used)}"
 
@@ -275,7 +276,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
     toml = tmp_path / "farm.toml"
     toml.write_text(f'[farm]\nname = "graf"\nredis_url = "{redis_url}"\n'
                     "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n"
-                    "max_staleness = 100\n[engine]\nslots_per_replica = 4\n"
+                    'max_staleness = 100\nplacement = "group"\n'
+                    "[engine]\nslots_per_replica = 4\n"
                     "threads_per_process = 4\n[timeouts]\nshutdown_grace = 2\n"
                     f"[metrics]\nport = {metrics_port}\n")
     client = RolloutClient.from_config(toml)
@@ -363,6 +365,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
         assert value("max(queue_rollout_workers_alive)") == 2
         rate = "max(rate(queue_rollout_groups_admitted_total[$__rate_interval])) * 60"
         assert value(rate) > 0
+        placed = "max by (how) (rate(queue_rollout_placements_total[$__rate_interval])) * 60"
+        assert value(placed) > 0  # the farm places groups: the panel shows them
         assert len(results["sum by (instance) (sglang:num_running_reqs)"]) == 2
 
         def rules_evaluated():

@@ -23,7 +23,7 @@
 -- ARGV[6] = mode: "group" or "sample"
 -- ARGV[7] = placement: "any" (any worker takes any attempt) or "group"
 -- ARGV[8 .. 7+G] = the G new attempt ids, one per member
--- Returns {'admitted', gid, aid0, ..., aidG-1}
+-- Returns {'admitted', gid, aid0, ..., aidG-1[, worker0, ..., workerG-1 when placed]}
 --       | {'blocked', 'paused'|'staleness'|'capacity'|'placement'} | {'empty', ''}
 
 local counters, state = KEYS[1], KEYS[2]
@@ -103,4 +103,7 @@ redis.call('RPUSH', KEYS[6], unpack(aids))
 bump(counters, 'reserved', G)
 bump(counters, 'in_flight', 1)
 bump(counters, 'admitted', 1)
+if placement == 'group' then
+  for m = 1, G do aids[G + m] = targets[m] end
+end
 return {'admitted', gid, unpack(aids)}

@@ -21,6 +21,14 @@ leases / doubt sets hold exactly the live attempts (held slots are not stored:
 overwritten, finished + failed = terminal episodes; I6 batches of exactly B accepted
 groups whose members are all terminal, each group delivered once.
 
+With ``placement`` the machine also places groups (``rollout.placement = "group"``):
+the model predicts each admission's replicas (the most free slots first, ties by the
+later worker id, as ``ZREVRANGE`` orders them), a retry's preference for the replica its
+attempt ran on, and moves to the shared queue; workers join, change their slots and
+leave (a dead replica), and moves name any attempt, placed or not. Each replica's load,
+its free slots and the placed set must equal what the model implies after every step,
+and the doctor must find the ledger clean.
+
 ``test_ledger_lifecycle_scenario`` walks every path once, in order, with the same model
 (the generator reaches the rarer ones only most of the time).
 """
@@ -47,6 +55,7 @@ from hypothesis.stateful import (
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.ledger.core import Answer, Ledger
+from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import EVENTS_GROUP, episode_field
 from queue_rollout.ledger.records import SUPERSEDED, decode_attempt, decode_batch, decode_group
 from queue_rollout.virtual.clock import ManualClock
@@ -109,6 +118,8 @@ class MAttempt:
     lease: float | None = None
     doubt_at: float | None = None
     tool: bool = False  # its last renewal said it waits on a tool
+    p: str | None = None  # placement: the worker whose queue it waits on (queued)
+    placed_at: float | None = None
 
 
 @dataclass
@@ -136,11 +147,14 @@ class MGroup:
 
 
 class LedgerMachine(RuleBasedStateMachine):
-    def __init__(self, client: redis.Redis, mode: str, coverage: str = "") -> None:
+    def __init__(self, client: redis.Redis, mode: str, coverage: str = "",
+                 placement: bool = False) -> None:
         super().__init__()
         self.r = client
         self.mode = mode
-        self.cov = COVERAGE[coverage or mode]
+        self.placing = placement
+        self.replica_slots: dict[str, int] = {}  # placement: the placeable workers
+        self.cov = COVERAGE[coverage or (mode + ("+placement" if placement else ""))]
         client.flushdb()
         self.ledger: Ledger | None = None
         self.clock = ManualClock()
@@ -176,7 +190,8 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def setup(self, G: int, B: int, groups_cap: int, extra: int, staleness: int) -> None:
         common = {"group_size": G, "batch_size": B, "max_staleness": staleness,
-                  "max_attempts": MAX_ATTEMPTS}
+                  "max_attempts": MAX_ATTEMPTS,
+                  "placement": "group" if self.placing else "any"}
         if self.mode == "group":
             cfg = RolloutConfig(max_concurrent_samples=None,
                                 max_concurrent_rollouts=groups_cap, **common)
@@ -192,6 +207,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.keys = self.ledger.keys
         self.r.xgroup_create(self.keys.events, EVENTS_GROUP, id="0", mkstream=True)
         self._snapshot_script = self.r.register_script(SNAPSHOT_LUA)
+        if self.placing:
+            self.do_set_replicas({w: G + 1 - i for i, w in enumerate(WORKERS)})
         self.submit_new(8)
 
     def submit_new(self, n: int) -> None:
@@ -253,6 +270,21 @@ class LedgerMachine(RuleBasedStateMachine):
             "in_flight": len(self.groups_in("in_flight", "complete")),
         }
 
+    def replica_load(self) -> dict[str, int]:
+        """Placement: per worker, attempts placed on its queue plus attempts it runs
+        (or ran, while in doubt)."""
+        load: collections.Counter[str] = collections.Counter()
+        for aid in self.queued():
+            if self.attempts[aid].p:
+                load[self.attempts[aid].p] += 1
+        for aid in self.live():
+            load[self.attempts[aid].worker] += 1
+        return dict(load)
+
+    def free_slots(self) -> dict[str, int]:
+        load = self.replica_load()
+        return {w: n - load.get(w, 0) for w, n in self.replica_slots.items()}
+
     def expected_counters(self) -> dict[str, int]:
         exp = dict(self.c)
         exp.update(self.derived_counters())
@@ -272,9 +304,9 @@ class LedgerMachine(RuleBasedStateMachine):
         number of events entries read by the collector and not yet acknowledged."""
         k = self.keys
         names = [k.counters, k.state, k.prompts, k.groups, k.attempts,
-                 k.results, k.batches, k.pending, k.outbox, k.ready, k.leases, k.doubt,
-                 k.events]
-        kinds = "hhhhhhhlllzzx"
+                 k.results, k.batches, k.replica_slots, k.replica_load, k.pending, k.outbox,
+                 k.ready, k.leases, k.doubt, k.replica_free, k.placed, k.events]
+        kinds = "hhhhhhhhhlllzzzzx"
         raw = self._snapshot_script(keys=names, args=[kinds, EVENTS_GROUP])
         snap: dict[str, object] = {"pel": raw[-1]}
         for name, kind, value in zip(names, kinds, raw, strict=False):
@@ -395,8 +427,11 @@ class LedgerMachine(RuleBasedStateMachine):
         ans = led.start(aid, worker, "rep", boot, LEASE_S)
         assert (ans.status, ans.group_id, ans.member, ans.attempt_number) == (
             "started", a.gid, a.m, a.n), ans
+        if a.p is not None and a.p != worker:
+            self.cov["placement:started_elsewhere"] += 1
         a.state, a.worker, a.boot, a.tool = "running", worker, boot, False
         a.seq, a.tokens, a.lease = 0, 0, self.clock.now + LEASE_S
+        a.p = a.placed_at = None
         self.cov["started"] += 1
 
     def do_progress(self, aid: str, worker: str, seq: int, tokens: int,
@@ -484,6 +519,11 @@ class LedgerMachine(RuleBasedStateMachine):
         e.aid = new
         e.aids.append(new)
         self.attempts[new] = MAttempt(new, a.gid, a.m, e.n)
+        if self.placing and self.free_slots().get(a.worker, 0) >= 1:  # where it ran
+            self.attempts[new].p, self.attempts[new].placed_at = a.worker, self.clock.now
+            self.cov["placement:retry_kept_its_replica"] += 1
+        elif self.placing:
+            self.cov["placement:retry_to_shared"] += 1
         self.outbox.append(new)
 
     def do_judge(self, gid: str, accept: bool, reason: str, entry_id: str) -> None:
@@ -551,6 +591,8 @@ class LedgerMachine(RuleBasedStateMachine):
             pred = ("blocked", "staleness")
         elif d["reserved"] + self.G > self.capacity:
             pred = ("blocked", "capacity")
+        elif self.placing and not (targets := self.predict_targets()):
+            pred = ("blocked", "placement")
         else:
             pred = ("admitted", self.pending[0])
         self.cov[f"admit:{pred[0]}:{pred[1] if pred[0] == 'blocked' else ''}"] += 1
@@ -571,10 +613,19 @@ class LedgerMachine(RuleBasedStateMachine):
         assert len(adm.attempt_ids) == self.G and len(set(adm.attempt_ids)) == self.G
         self.pending.pop(0)
         self.groups[gid] = MGroup(gid, self.G, self.version)
+        if self.placing:
+            assert list(adm.replicas) == targets, (adm.replicas, targets)
+            how = "one_replica" if len(set(targets)) == 1 else "split"
+            self.c[f"placements:{how}"] += 1
+            self.cov[f"placement:{how}"] += 1
+        else:
+            assert adm.replicas == ()
         for m, aid in enumerate(adm.attempt_ids):
             assert AID_RE.fullmatch(aid) and aid not in self.attempts
             self.episodes[(gid, m)] = MEpisode(gid, m, aid, aids=[aid])
             self.attempts[aid] = MAttempt(aid, gid, m, 1)
+            if self.placing:
+                self.attempts[aid].p, self.attempts[aid].placed_at = targets[m], self.clock.now
             self.outbox.append(aid)
         self.c["admitted"] += 1
         # I1 and I2, read back from the ledger right after the admission
@@ -584,6 +635,53 @@ class LedgerMachine(RuleBasedStateMachine):
             assert len(self.groups_in("in_flight")) <= self.cfg.max_concurrent_rollouts
         assert c.get("accepted", 0) - led.budget_baseline() + c["in_flight"] <= (
             self.staleness + led.version() + 1) * self.B, f"I2: {c} version {led.version()}"
+
+    def predict_targets(self) -> list[str]:
+        """Where admission places the next group: the workers with the most free slots
+        first (ties: the later id), each taking as many members as it has free slots;
+        [] when fewer than G are free in all."""
+        free = self.free_slots()
+        targets: list[str] = []
+        for w in sorted(free, key=lambda w: (free[w], w), reverse=True)[:self.G]:
+            targets += [w] * max(0, min(free[w], self.G - len(targets)))
+        return targets if len(targets) == self.G else []
+
+    # -- rules: placement (the reconciler's moves, workers joining and leaving) -------
+
+    def do_set_replicas(self, slots: dict[str, int]) -> None:
+        self.ledger.set_replicas(slots)
+        for w, n in slots.items():
+            if n > 0:
+                self.replica_slots[w] = n
+            else:
+                self.replica_slots.pop(w, None)
+
+    @precondition(lambda self: self.placing)
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
+    def placement(self, data: st.DataObject, worker: str) -> None:
+        """The reconciler's placement work (one rule, so the farm's other moves keep
+        their share): a worker joins, changes its slots or leaves (0: gone, its replica
+        dead); or attempts placed on it move to the shared queue."""
+        if not self.attempts or data.draw(st.integers(0, 3), label="what") == 0:
+            slots = data.draw(st.sampled_from([0, 1, self.G - 1, self.G, self.G + 1]),
+                              label="slots")
+            self.cov["placement:" + ("worker_left" if slots == 0 else "worker_slots")] += 1
+            self.do_set_replicas({worker: slots})
+        else:
+            self.move(data, worker)
+
+    def move(self, data: st.DataObject, worker: str) -> None:
+        """Attempts placed on *worker* move to the shared queue; any attempt may be
+        named (placed elsewhere, started, ended, purged: left alone)."""
+        aids = data.draw(st.lists(st.sampled_from([*self.attempts, UNKNOWN_AID]),
+                                  min_size=1, max_size=4), label="aids")
+        moving = {aid for aid in aids if aid in self.queued()
+                  and self.attempts[aid].p == worker}
+        assert self.ledger.move(worker, aids) == len(moving)
+        for aid in moving:
+            self.attempts[aid].p = self.attempts[aid].placed_at = None
+        self.c["placements:moved"] += len(moving)
+        self.cov["placement:" + ("moved" if moving else "move_left_alone")] += 1
 
     # -- rules: the farm's processes (workers, collector, trainers), the reconciler ---
 
@@ -963,25 +1061,52 @@ class LedgerMachine(RuleBasedStateMachine):
             ("I2 since the version was set", c, self.accepted_at_set, self.consumed_at_set)
         assert (state.get(b"paused") == b"1") == self.paused
 
+        # placement: each replica's load and free slots, the placed set, each attempt's
+        # replica, as the model has them; and the doctor agrees
+        if not self.placing:
+            for key in (k.replica_slots, k.replica_load, k.replica_free, k.placed):
+                assert not snap[key], f"{key} written by a farm that does not place"
+            return
+        ints = {f.decode(): int(v) for f, v in snap[k.replica_load].items()}
+        assert ints == self.replica_load(), (ints, self.replica_load())
+        slots = {f.decode(): int(v) for f, v in snap[k.replica_slots].items()}
+        assert slots == self.replica_slots
+        assert {m.decode(): int(s) for m, s in snap[k.replica_free]} == self.free_slots()
+        placed = {m.decode(): s for m, s in snap[k.placed]}
+        assert placed == {aid: self.attempts[aid].placed_at for aid in self.queued()
+                          if self.attempts[aid].p}
+        for aid, a in attempts.items():
+            assert a.pl and a.p == live_atts[aid].p, (aid, a, live_atts[aid])
+        report = examine(self.r, k, self.B)
+        assert report.ok, report.problems
+
 
 # Passing runs take seconds; a failing one lets hypothesis shrink (it stops by itself
 # after five minutes) and print the minimal list of steps, hence the longer timeout.
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", ["group", "sample"])
-def test_ledger_state_machine(redis_url: str, mode: str) -> None:
+@pytest.mark.parametrize("mode, placement", [("group", False), ("sample", False),
+                                             ("group", True), ("sample", True)])
+def test_ledger_state_machine(redis_url: str, mode: str, placement: bool) -> None:
     client = redis.Redis.from_url(redis_url)
-    COVERAGE[mode].clear()
+    key = mode + ("+placement" if placement else "")
+    COVERAGE[key].clear()
     try:
-        run_state_machine_as_test(lambda: LedgerMachine(client, mode), settings=SETTINGS)
+        run_state_machine_as_test(lambda: LedgerMachine(client, mode, placement=placement),
+                                  settings=SETTINGS)
     finally:
         client.close()
-    cov = COVERAGE[mode]
-    print(f"\n{mode} mode reached: {dict(sorted(cov.items()))}")
+    cov = COVERAGE[key]
+    print(f"\n{key} reached: {dict(sorted(cov.items()))}")
     # The generator must keep reaching the main paths, or the test proves little. (Rarer
     # paths vary from run to run; the scripted scenario below walks each of them.)
-    for path in ("admit:admitted:", "group_complete", "judge:accept", "doubtful",
-                 "ignored:finish", "ignored:progress", "ignored:start", "ignored:retry_lost"):
-        assert cov[path] > 0, f"{mode} mode never reached {path}: {dict(cov)}"
+    paths = ["admit:admitted:", "group_complete", "judge:accept", "doubtful",
+             "ignored:finish", "ignored:progress", "ignored:start", "ignored:retry_lost"]
+    if placement:
+        paths += ["placement:one_replica", "admit:blocked:placement", "placement:moved",
+                  "placement:move_left_alone", "placement:worker_left",
+                  "placement:started_elsewhere", "placement:retry_kept_its_replica"]
+    for path in paths:
+        assert cov[path] > 0, f"{key} never reached {path}: {dict(cov)}"
 
 
 @pytest.mark.parametrize("mode", ["group", "sample"])
@@ -1077,5 +1202,54 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
         m.do_set_version(0)                                        # a rollback below it
         step("admit:blocked:capacity", m.do_admit)                 # 1 consumed, 2 in flight
         step("submit:duplicate", m.submit_duplicate_ids, ["p9", "p0"], "p0")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("mode", ["group", "sample"])
+def test_placement_scenario(redis_url: str, mode: str) -> None:
+    """The placement paths in order, with the same model and checks: one replica, a
+    split, waiting for free slots, a start elsewhere, a retry kept on its replica and
+    one sent to the shared queue once its worker left, moves."""
+    client = redis.Redis.from_url(redis_url)
+    key = f"scenario-{mode}+placement"
+    COVERAGE[key].clear()
+    cov = COVERAGE[key]
+    m = LedgerMachine(client, mode, coverage=key, placement=True)
+    # G=2, B=1, capacity 3 groups (6 slots; sample mode 7); w0 has 3 slots, w1 2
+    m.setup(G=2, B=1, groups_cap=3, extra=1, staleness=3)
+
+    def step(path: str, fn, *args) -> None:
+        before = cov[path]
+        fn(*args)
+        assert cov[path] == before + 1, f"expected {path}: {dict(cov)}"
+        m.ledger_matches_model()
+
+    def members(gid: str) -> list[str]:
+        return [m.episodes[(gid, i)].aid for i in range(2)]
+
+    try:
+        step("placement:one_replica", m.do_admit)                  # p0 on w0 (3 free)
+        step("placement:one_replica", m.do_admit)                  # p1 on w1 (2 free)
+        step("admit:blocked:placement", m.do_admit)                # 1 free in all
+        m.do_set_replicas({"w1": 3})                               # w1 grows by one
+        step("placement:split", m.do_admit)                        # p2: one each
+        a0, a1 = members("p0")
+        step("placement:started_elsewhere", m.do_start, a0, "w1", "b0")
+        m.do_start(a1, "w0", "b0")
+        step("placement:retry_kept_its_replica", m.do_retry, a1, "stopped", "replica_restart")
+        (c1,) = [aid for aid in members("p2") if m.attempts[aid].p == "w0"]
+        m.do_start(c1, "w0", "b0")
+        m.do_set_replicas({"w0": 0})                               # w0's replica died
+        again = m.episodes[("p0", 1)].aid
+        rng = iter([again, "other"])
+
+        class Draw:  # the move rule's draw, scripted
+            def draw(self, strategy, label=""):
+                return [next(rng)]
+
+        step("placement:moved", m.move, Draw(), "w0")              # to the shared queue
+        step("placement:move_left_alone", m.move, Draw(), "w0")    # not an attempt
+        step("placement:retry_to_shared", m.do_retry, c1, "stopped", "worker_lost")
     finally:
         client.close()

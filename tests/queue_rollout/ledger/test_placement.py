@@ -57,6 +57,7 @@ def test_a_group_goes_to_the_replica_with_the_most_free_slots(farm):
     rec.tick(scan_jobs=False, live_workers=live(a=4, b=6))
     first = ledger.admit()
     assert placed(ledger, first.attempt_ids) == ["b"] * 4
+    assert first.replicas == ("b",) * 4  # the admission says where each went
     assert free(ledger) == {"a": 4, "b": 2}
     second = ledger.admit()  # a has 4 free, b 2: a holds the whole group
     assert placed(ledger, second.attempt_ids) == ["a"] * 4

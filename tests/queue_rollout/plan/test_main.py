@@ -86,6 +86,7 @@ def test_a_workload_file_plans_its_own_group_size(tmp_path: Path,
     (["--gpus", "0"], "must be a positive integer"),
     (["--max-staleness", "1,x"], "not a comma-separated list"),
     (["--modes", "group,fast"], "unknown mode(s) fast"),
+    (["--placement", "any,replica"], "unknown placement(s) replica"),
     (["--gpus", "1", "--slots-per-replica", "4"], "a group of 8 members does not fit "
                                                   "the farm's 4 slots"),
 ])
@@ -110,6 +111,26 @@ def test_bad_workload_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["plan", "--workload", str(bad), "--profile", "equal"]) == 2
     assert main(["plan", "--redis-load", str(empty)]) == 2
     assert "--redis-load" in capsys.readouterr().err
+
+
+def test_placement_settings_are_rows_with_the_prefill_they_compute(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--placement any,group on long prompts: a row each, and the table's placement
+    columns; with groups on one replica a group computes its prompt about once."""
+    assert main(["plan", "--profile", "long-prompt", "--gpus", "4", "--batch-size", "4",
+                 "--batches", "4", "--modes", "group", "--placement", "any,group",
+                 "--time-scale", "0.1", "--token-scale", "0.125", "--json"]) == 0
+    any_, placed = rows(capsys)
+    assert (any_["placement"], placed["placement"]) == ("any", "group")
+    prompt = 512  # 4,096 tokens x 0.125
+    assert any_["prefill_tokens_per_group"] > 3 * prompt  # members on 4 replicas
+    assert placed["prefill_tokens_per_group"] <= 2 * prompt
+    assert placed["cache_hit_rate"] > any_["cache_hit_rate"]
+    assert main(["plan", "--profile", "long-prompt", "--gpus", "4", "--batch-size", "4",
+                 "--batches", "4", "--modes", "group", "--placement", "any,group",
+                 "--time-scale", "0.1", "--token-scale", "0.125"]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[:5] == ["mode", "stale", "placement", "prefill/group", "cache"]
 
 
 @pytest.mark.timeout(120)
