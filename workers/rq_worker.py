@@ -10,10 +10,11 @@ small on purpose, because a thousand GPUs share one Redis:
   ``DEQUEUE_TIMEOUT_S``, so an idle process makes one call every few seconds (and a
   stop request is seen within that time).
 - **Placement** (``rollout.placement = "group"``): the collector places a group's
-  attempts on one replica's queue. The loop takes from that queue first, then from the
-  shared one, without waiting (``take.lua``), and when both are empty waits on its
-  own queue only: a job moved to the shared queue is taken within
-  ``DEQUEUE_TIMEOUT_S`` by some process with a free slot.
+  attempts on one replica's queue, and the loop waits on that queue. A process with a
+  free slot also looks at the shared queue (attempts moved there), without waiting, at
+  most every ``SHARED_CHECK_S`` and after every wait that found nothing: one call more
+  a second at most, and a moved job waits at most ``DEQUEUE_TIMEOUT_S`` for a process
+  with a free slot.
 - **The job is its id**: the job id is the attempt id, and the process runs that
   attempt (the ledger's ``start`` refuses an id it does not know). It never imports or
   calls what a job's payload names, so a job forged by anyone who can write the queue
@@ -61,7 +62,6 @@ from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.connection import client_url, connect_config, translate_errors
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys, rq_queue_key
-from queue_rollout.ledger.scripts import standalone
 from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner, LeaseKeeper
 from queue_rollout.workers.workflows import load_workflow
 
@@ -70,6 +70,9 @@ SPEC_ENV = "QUEUE_ROLLOUT_WORKER_SPEC"
 DEQUEUE_TIMEOUT_S = 5  # an idle process's one call; a stop request is seen within it
 RQ_HEARTBEAT_S = 120.0  # RQ's worker records live worker_ttl + 60 = 480 s
 POOL_CONNECTIONS = 4  # ledger calls are short: a few connections serve every thread
+#: Placement: a process with a free slot looks at the shared queue (moved attempts) at
+#: least this often, so its own queue's jobs never starve those.
+SHARED_CHECK_S = 1.0
 _ATTEMPT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
@@ -108,7 +111,7 @@ class EpisodeProcess:
         #: placement: the replica's own queue, read first (None: the shared queue only)
         self.own_key = (rq_queue_key(self.keys.rq_replica_queue(spec.worker_id))
                         if config.rollout.placement == "group" else None)
-        self._take_script = client.register_script(standalone("take"))
+        self._shared_check_at = 0.0  # placement: when to look at the shared queue next
         suffix = "" if spec.threads == 1 else "-t{}"
         self.rq_workers = [
             SimpleWorker([rq_queue], connection=client, serializer=JSONSerializer,
@@ -177,16 +180,26 @@ class EpisodeProcess:
 
     def _take(self) -> str | None:
         """Clear the jobs whose attempts ended and dequeue the next one: one round trip
-        (two when a placing farm's process finds both of its queues empty)."""
-        waited_on, cleared = self.queue_key, list[str]()
-        if self.own_key is not None:
-            waited_on = self.own_key
-            aid, cleared = self._take_now()
-            if aid is not None:
-                return aid
+        (a placing farm's process also looks at the shared queue, without waiting, at
+        most every ``SHARED_CHECK_S`` and after each wait that found nothing)."""
+        cleared: list[str] = []
+        if self.own_key is not None and time.monotonic() >= self._shared_check_at:
+            self._shared_check_at = time.monotonic() + SHARED_CHECK_S
+            pipe = self.client.pipeline(transaction=False)
+            cleared = self._clear_into(pipe)
+            pipe.lmove(self.queue_key, self.intermediate_key, "LEFT", "RIGHT")
+            try:
+                with translate_errors(self._url):
+                    raw = pipe.execute()[-1]
+            except QueueRolloutError as exc:
+                self._dequeue_failed(exc, cleared)
+                return None
+            if raw is not None:
+                return str(raw.decode())
         pipe = self.blocking.pipeline(transaction=False)
         cleared += self._clear_into(pipe)
-        pipe.blmove(waited_on, self.intermediate_key, DEQUEUE_TIMEOUT_S, "LEFT", "RIGHT")
+        pipe.blmove(self.own_key or self.queue_key, self.intermediate_key, DEQUEUE_TIMEOUT_S,
+                    "LEFT", "RIGHT")
         try:
             with translate_errors(self._url):
                 self._dequeuing = not self.stopping.is_set()
@@ -202,34 +215,18 @@ class EpisodeProcess:
                 self.done.put(aid)
             return None
         except QueueRolloutError as exc:
-            for aid in cleared:  # perhaps not cleared: again next time (it is idempotent)
-                self.done.put(aid)
-            log.warning("dequeue: %s; retrying", exc)
-            time.sleep(1.0)
+            self._dequeue_failed(exc, cleared)
             return None
-        return None if raw is None else raw.decode()
+        if raw is None:
+            self._shared_check_at = 0.0  # nothing of its own: the shared queue next
+            return None
+        return str(raw.decode())
 
-    def _take_now(self) -> tuple[str | None, list[str]]:
-        """Placement: clear the ended jobs and take one from the replica's queue, else
-        from the shared queue, without waiting; (its id or None, the jobs cleared)."""
-        assert self.own_key is not None
-        pipe = self.client.pipeline(transaction=False)
-        cleared = self._clear_into(pipe)
-        keys = [self.own_key, self.queue_key, self.intermediate_key]
-        pipe.evalsha(self._take_script.sha, len(keys), *keys)
-        try:
-            with translate_errors(self._url):
-                try:
-                    raw = pipe.execute()[-1]
-                except redis.exceptions.NoScriptError:  # a restarted or promoted server
-                    raw = self._take_script(keys=keys)
-        except QueueRolloutError as exc:
-            for aid in cleared:
-                self.done.put(aid)
-            log.warning("dequeue: %s; retrying", exc)
-            time.sleep(1.0)
-            return None, []
-        return (None if raw is None else raw.decode()), cleared
+    def _dequeue_failed(self, exc: QueueRolloutError, cleared: list[str]) -> None:
+        for aid in cleared:  # perhaps not cleared: again next time (it is idempotent)
+            self.done.put(aid)
+        log.warning("dequeue: %s; retrying", exc)
+        time.sleep(1.0)
 
     def _clear_into(self, pipe: redis.client.Pipeline) -> list[str]:
         """Queue on *pipe* the clearing of every job whose attempt has ended: its entry

@@ -54,7 +54,7 @@ class BenchArgs:
     ledger_seconds: float = 6.0
     ledger_rounds: int = 3
     wait_replicas: int = 0  # ledger: replicas every change waits for
-    placement: str = "any"  # ledger: rollout.placement of the ledger measured
+    placement: str = "any"  # pilots, ledger: rollout.placement of the farms measured
     command: str = "queue-rollout bench"  # for the report
     workdir: Path | None = None  # its farms' state and logs (None: a temporary folder)
     verbose: bool = False  # the processes' logs on the terminal instead of in workdir
@@ -131,7 +131,8 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                     result, runs[name] = run_long_prompt(bench, profile, shape.max_staleness)
                     emit(result, placement_text(result))
                     continue
-                result, runs[name] = run_pilot(bench, profile, shape.max_staleness)
+                result, runs[name] = run_pilot(bench, profile, shape.max_staleness,
+                                               args.placement)
                 if name == "long-tail":
                     sweeps[name] = window_sweep(bench, profile)
                     result["ideal_window_sweep"] = sweeps[name]

@@ -554,6 +554,15 @@ def changes(group: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str, fl
             else None for k in CHANGE_KEYS if k in group}
 
 
+def shape_json(shape: Shape, max_staleness: int) -> dict[str, Any]:
+    """The ``shape`` block of a profile's JSON."""
+    return {"prompts": shape.prompts, "group_size": shape.group_size,
+            "batch_size": shape.batch_size, "replicas": shape.replicas,
+            "slots": shape.slots, "max_staleness": max_staleness,
+            "train_s": shape.train_s, "train_batches": shape.train_batches,
+            "stop_after": shape.stop_after}
+
+
 def pilot_json(profile: Profile, shape: Shape, scale: Scale, max_staleness: int,
                group: ModeRun, sample: ModeRun) -> dict[str, Any]:
     multi_turn = profile.turns is not None
@@ -561,11 +570,7 @@ def pilot_json(profile: Profile, shape: Shape, scale: Scale, max_staleness: int,
              "sample": mode_json(sample, scale, shape, multi_turn)}
     out: dict[str, Any] = {
         "profile": profile.name, "scale": scale.as_json(),
-        "shape": {"prompts": shape.prompts, "group_size": shape.group_size,
-                  "batch_size": shape.batch_size, "replicas": shape.replicas,
-                  "slots": shape.slots, "max_staleness": max_staleness,
-                  "train_s": shape.train_s, "train_batches": shape.train_batches,
-                  "stop_after": shape.stop_after},
+        "shape": shape_json(shape, max_staleness),
         "multi_turn": multi_turn,
         "modes": modes, "change": changes(modes["group"], modes["sample"])}
     if group.ideal is not None and sample.ideal is not None:
@@ -577,18 +582,21 @@ def pilot_json(profile: Profile, shape: Shape, scale: Scale, max_staleness: int,
     return out
 
 
-def run_pilot(bench: Bench, profile: Profile, max_staleness: int
+def run_pilot(bench: Bench, profile: Profile, max_staleness: int, placement: str = "any"
               ) -> tuple[dict[str, object], dict[str, ModeRun]]:
-    """Group admission, then sample refill, over one manifest; audited. Raises
-    :class:`InvariantViolation` listing every problem the audit found."""
+    """Group admission, then sample refill, over one manifest, both placing as
+    *placement* says; audited. Raises :class:`InvariantViolation` listing every problem
+    the audit found."""
     prompts = profile.manifest(bench.shape, bench.scale)
-    runs = {mode: bench.run_mode(profile, mode, prompts, max_staleness)
+    runs = {mode: bench.run_mode(profile, mode, prompts, max_staleness, placement)
             for mode in ("group", "sample")}
     problems = audit(prompts, list(runs.values()), complete=bench.shape.stop_after is None)
     if problems:
         raise InvariantViolation(f"bench {profile.name}: audit failed: " + "; ".join(problems[:10]))
-    return pilot_json(profile, bench.shape, bench.scale, max_staleness,
-                      runs["group"], runs["sample"]), runs
+    result = pilot_json(profile, bench.shape, bench.scale, max_staleness,
+                        runs["group"], runs["sample"])
+    result["placement"] = placement
+    return result, runs
 
 
 def open_bench(workdir: Path | None, shape: Shape, scale: Scale, redis_url: str,

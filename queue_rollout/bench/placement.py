@@ -22,6 +22,7 @@ from queue_rollout.bench.pilot import (
     audit,
     changes,
     mode_json,
+    shape_json,
 )
 from queue_rollout.bench.profiles import Profile, Scale, Shape
 from queue_rollout.errors import InvariantViolation
@@ -73,11 +74,7 @@ def placement_json(profile: Profile, shape: Shape, scale: Scale, max_staleness: 
     by_run = {key: run_json(run, shape, scale, prompt_tokens) for key, run in runs.items()}
     out: dict[str, Any] = {
         "profile": profile.name, "scale": scale.as_json(),
-        "shape": {"prompts": shape.prompts, "group_size": shape.group_size,
-                  "batch_size": shape.batch_size, "replicas": shape.replicas,
-                  "slots": shape.slots, "max_staleness": max_staleness,
-                  "train_s": shape.train_s, "train_batches": shape.train_batches,
-                  "prompt_tokens": prompt_tokens,
+        "shape": {**shape_json(shape, max_staleness), "prompt_tokens": prompt_tokens,
                   "chunked_prefill_size": scale.length(shape.chunked_prefill_size)},
         "runs": by_run,
         # "group" placement against "any", per admission mode

@@ -503,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ledger, redis-load: start this many private replicas and make "
                         "every ledger change wait for them (farm.redis_wait_replicas)")
     p.add_argument("--placement", choices=["any", "group"], default="any",
-                   help="ledger, redis-load: the farm's rollout.placement (default any)")
+                   help="pilots, ledger, redis-load: the farms' rollout.placement (default "
+                        "any; long-prompt runs both)")
     p.add_argument("--replicas", type=_non_negative, default=None,
                    help="redis-load: private replicas following the Redis (default: "
                         "--wait-replicas); more than --wait-replicas are followed, not "

@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,10 @@ MAX_ADMIT_PER_STEP = 1000
 IDLE_WAIT_S = 1.0  # an idle collector's longest wait between steps (the reconciler's pace)
 BACKOFF_STEPS = 5  # while waiting for slots, steps slow down to this many apart (<= 1 s)
 SCAN_JOBS_EVERY = 50  # steps between the reconciler's full scans for lost RQ jobs
+#: Placement: seconds between the reconciler's placement work (the live workers read,
+#: placeable workers updated, late attempts moved); a worker is live for three leases
+#: and an attempt may wait placement_wait_s, so once a second is soon enough.
+PLACE_EVERY_S = 1.0
 
 
 @dataclass
@@ -75,6 +80,7 @@ class Collector:
         self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease,
                                  clock=ledger.clock)
         self._steps = 0
+        self._place_at = 0.0  # placement: when the reconciler's placement work is due
         self._ensure_group()
 
     def _ensure_group(self) -> None:
@@ -98,23 +104,26 @@ class Collector:
         if not leading:
             return StepReport(leader=False)
         report = StepReport(leader=True)
-        live = self._live_workers()
+        placing = (self.config.rollout.placement == "group"
+                   and time.monotonic() >= self._place_at)
+        if placing:
+            self._place_at = time.monotonic() + PLACE_EVERY_S
+        live = self._live_workers(placing)
         self._admit(report, None if live is None else self.registry.slots(live))
         report.handed_over = flush_outbox(self.ledger.client, self.keys)
         self._judge_events(report)
         self._steps += 1
         tick = self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1,
-                                    live_workers=live)
+                                    live_workers=live if placing else None)
         report.reconciled = len(tick.doubted) + len(tick.requeued) + len(tick.lost) + tick.moved
         if tick.requeued or tick.lost:  # their new attempts wait in the outbox
             report.handed_over += flush_outbox(self.ledger.client, self.keys)
         return report
 
-    def _live_workers(self) -> dict[str, dict[str, Any]] | None:
-        """The registry's live workers, when capacity (``"auto"``) or placement needs
-        them; None otherwise."""
-        rollout = self.config.rollout
-        if rollout.max_concurrent_samples != "auto" and rollout.placement != "group":
+    def _live_workers(self, placing: bool) -> dict[str, dict[str, Any]] | None:
+        """The registry's live workers, when capacity (``"auto"``) or this step's
+        placement work needs them; None otherwise."""
+        if self.config.rollout.max_concurrent_samples != "auto" and not placing:
             return None
         return self.registry.live()
 

@@ -58,10 +58,11 @@ class Reconciler:
              live_workers: dict[str, dict[str, Any]] | None = None) -> TickReport:
         """One pass. *scan_jobs* reads every attempt record: the collector does it less
         often than the cheap lease and doubt checks. *live_workers* (the registry's, by
-        worker id) is needed when the farm places groups."""
+        worker id): a farm that places groups does its placement work with them (None:
+        not this time)."""
         report = TickReport()
-        if self.config.rollout.placement == "group":
-            report.moved = self._place(live_workers or {})
+        if self.config.rollout.placement == "group" and live_workers is not None:
+            report.moved = self._place(live_workers)
         ledger, keys = self.ledger, self.ledger.keys
         now = ledger.clock()
         for raw in ledger.client.zrangebyscore(keys.leases, "-inf", now):

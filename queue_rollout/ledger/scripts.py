@@ -30,11 +30,6 @@ def _lua(name: str) -> str:
     return (resources.files("queue_rollout.ledger") / "lua" / f"{name}.lua").read_text()
 
 
-def standalone(name: str) -> str:
-    """Source of a script that runs without the ledger's library (``take.lua``)."""
-    return _lua(name)
-
-
 @functools.cache
 def source(name: str, *, receipts: bool = False) -> str:
     """Full source of script *name*: the shared library, then the operation; with

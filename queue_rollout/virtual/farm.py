@@ -238,9 +238,13 @@ class SimFarm:
             retractions=sum(r.counters.retracted_requests for r in self.replicas),
             prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
             cached_tokens=sum(r.counters.cached_tokens for r in self.replicas),
-            placements={how: c.get(f"placements:{how}", 0)
-                        for c in [self.ledger.counters()] for how in ("one_replica", "split")},
+            placements=self._placements(),
         )
+
+    def _placements(self) -> dict[str, int]:
+        """Groups the ledger placed on one replica, and split over several."""
+        counters = self.ledger.counters()
+        return {how: counters.get(f"placements:{how}", 0) for how in ("one_replica", "split")}
 
     def _admit_and_place(self) -> None:
         # the ledger admits again only after a finish, a judgement, a consumed batch or

@@ -83,18 +83,27 @@ for m = 0, G - 1 do
 end
 redis.call('LPOP', KEYS[3])
 local aids = {}
+local placed = {}  -- ZADD arguments: now, aid, now, aid, ...
 for m = 0, G - 1 do
   local aid = ARGV[first_aid + m]
   local a = {g = gid, m = m, n = 1, stops = 0, state = 'queued', created_at = now}
   if placement == 'group' then
     a.pl, a.p = true, targets[m + 1]
-    replica_load({load = KEYS[8], free = KEYS[7]}, a.p, 1)
-    redis.call('ZADD', KEYS[9], now, aid)
+    placed[2 * m + 1], placed[2 * m + 2] = now, aid
   end
   put_json(KEYS[5], aid, a)
   aids[m + 1] = aid
 end
 if placement == 'group' then
+  -- targets are grouped by replica (each takes a run of members): one update each
+  local r, first = {load = KEYS[8], free = KEYS[7]}, 1
+  for m = 2, G + 1 do
+    if m > G or targets[m] ~= targets[first] then
+      replica_load(r, targets[first], m - first)
+      first = m
+    end
+  end
+  redis.call('ZADD', KEYS[9], unpack(placed))
   bump(counters, targets[1] == targets[G] and 'placements:one_replica' or 'placements:split', 1)
 end
 put_json(KEYS[4], gid, {id = gid, G = G, mode = mode, state = 'in_flight', done = 0,

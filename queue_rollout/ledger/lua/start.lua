@@ -40,8 +40,13 @@ if a.state ~= 'queued' then return ignored(counters, 'attempt is ' .. a.state) e
 
 if a.pl then  -- placement: the load leaves the queue it waited on for this worker
   local r = {free = KEYS[6], load = KEYS[7], placed = KEYS[8]}
-  unplace(r, aid, a)
-  replica_load(r, ARGV[3], 1)
+  if a.p == ARGV[3] then  -- started where it was placed: the load stays there
+    redis.call('ZREM', r.placed, aid)
+    a.p = nil
+  else
+    unplace(r, aid, a)
+    replica_load(r, ARGV[3], 1)
+  end
 end
 a.state = 'running'
 a.worker, a.replica, a.boot = ARGV[3], ARGV[4], ARGV[5]

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from queue_rollout.cli.main import main
 
 OPS = ("admit", "admit_commands", "start", "start_commands", "finish", "finish_commands")
 
 
-def test_ledger_bench_json_shape(capsys):
+@pytest.mark.parametrize("placement", ["any", "group"])
+def test_ledger_bench_json_shape(capsys, placement):
     assert main(["bench", "--profile", "ledger", "--json", "--clients", "2",
-                 "--seconds", "0.6", "--rounds", "2"]) == 0
+                 "--seconds", "0.6", "--rounds", "2", "--placement", placement]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"profile", "clients", "wait_replicas", "ledger_ops_per_s",
-                           "trivial_script_per_s", "ratio", "redis_us_per_call"}
+    assert set(result) == {"profile", "clients", "wait_replicas", "placement",
+                           "ledger_ops_per_s", "trivial_script_per_s", "ratio",
+                           "redis_us_per_call"}
+    assert result["placement"] == placement
     costs = result["redis_us_per_call"]
     assert set(costs) == {*OPS, "trivial", "read", "write", "record_json", "record_msgpack"}
     assert all(v > 0 for v in costs.values())

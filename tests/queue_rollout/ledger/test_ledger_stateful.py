@@ -1109,6 +1109,16 @@ def test_ledger_state_machine(redis_url: str, mode: str, placement: bool) -> Non
         assert cov[path] > 0, f"{key} never reached {path}: {dict(cov)}"
 
 
+def stepper(m: LedgerMachine, cov: collections.Counter[str]):
+    """A scripted walk's step: run *fn*, check it took *path*, then every invariant."""
+    def step(path: str, fn, *args) -> None:
+        before = cov[path]
+        fn(*args)
+        assert cov[path] == before + 1, f"expected {path}: {dict(cov)}"
+        m.ledger_matches_model()
+    return step
+
+
 @pytest.mark.parametrize("mode", ["group", "sample"])
 def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
     """One scripted walk over every path the machine knows, with the same model and
@@ -1122,11 +1132,7 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
     # sample mode 5)
     m.setup(G=2, B=1, groups_cap=2, extra=1, staleness=2)
 
-    def step(path: str, fn, *args) -> None:
-        before = cov[path]
-        fn(*args)
-        assert cov[path] == before + 1, f"expected {path}: {dict(cov)}"
-        m.ledger_matches_model()
+    step = stepper(m, cov)
 
     def ep_aid(gid: str, member: int) -> str:
         return m.episodes[(gid, member)].aid
@@ -1219,11 +1225,7 @@ def test_placement_scenario(redis_url: str, mode: str) -> None:
     # G=2, B=1, capacity 3 groups (6 slots; sample mode 7); w0 has 3 slots, w1 2
     m.setup(G=2, B=1, groups_cap=3, extra=1, staleness=3)
 
-    def step(path: str, fn, *args) -> None:
-        before = cov[path]
-        fn(*args)
-        assert cov[path] == before + 1, f"expected {path}: {dict(cov)}"
-        m.ledger_matches_model()
+    step = stepper(m, cov)
 
     def members(gid: str) -> list[str]:
         return [m.episodes[(gid, i)].aid for i in range(2)]

@@ -142,14 +142,22 @@ def test_a_retry_prefers_the_replica_its_attempt_ran_on(farm):
     doctor_clean(ledger)
 
 
-def test_attempts_not_started_in_time_move_to_the_shared_queue(r, clock):
-    c = config(placement_wait_s=10)
+def one_group_enqueued(r, clock, wait_s: float, **slots: int
+                       ) -> tuple[Ledger, Reconciler, tuple[str, ...]]:
+    """A placing farm with workers of *slots*, one group admitted and its jobs on
+    their replica's queue."""
+    c = config(placement_wait_s=wait_s)
     ledger = Ledger(r, "pl", c.rollout, clock=clock)
     rec = Reconciler(ledger, c)
     ledger.submit(trivial_prompts(2))
-    rec.tick(scan_jobs=False, live_workers=live(a=4, b=4))
-    first = ledger.admit().attempt_ids
+    rec.tick(scan_jobs=False, live_workers=live(**slots))
+    aids = ledger.admit().attempt_ids
     flush_outbox(r, ledger.keys)
+    return ledger, rec, aids
+
+
+def test_attempts_not_started_in_time_move_to_the_shared_queue(r, clock):
+    ledger, rec, first = one_group_enqueued(r, clock, 10, a=4, b=4)
     keys = ledger.keys
     b_queue, shared = rq_queue_key(keys.rq_replica_queue("b")), rq_queue_key(keys.rq_queue)
     assert r.lrange(b_queue, 0, -1) == [a.encode() for a in first]
@@ -159,7 +167,7 @@ def test_attempts_not_started_in_time_move_to_the_shared_queue(r, clock):
     clock.advance(2)
     assert rec.tick(scan_jobs=False, live_workers=live(a=4, b=4)).moved == 3
     assert r.lrange(shared, 0, -1) == [a.encode() for a in sorted(first[1:])]
-    assert r.lrange(b_queue, 0, -1) == [first[0].encode()]  # the worker holds that one
+    assert r.lrange(b_queue, 0, -1) == [first[0].encode()]  # started (no worker took it)
     assert placed(ledger, first) == [None] * 4
     assert free(ledger) == {"a": 4, "b": 3}
     assert ledger.counters()["placements:moved"] == 3
@@ -172,13 +180,7 @@ def test_attempts_not_started_in_time_move_to_the_shared_queue(r, clock):
 
 
 def test_a_gone_worker_leaves_at_once_and_what_waits_on_it_moves(r, clock):
-    c = config(placement_wait_s=600)
-    ledger = Ledger(r, "pl", c.rollout, clock=clock)
-    rec = Reconciler(ledger, c)
-    ledger.submit(trivial_prompts(2))
-    rec.tick(scan_jobs=False, live_workers=live(a=4, b=8))
-    on_b = ledger.admit().attempt_ids
-    flush_outbox(r, ledger.keys)
+    ledger, rec, on_b = one_group_enqueued(r, clock, 600, a=4, b=8)
     report = rec.tick(scan_jobs=False, live_workers=live(a=4))
     assert report.moved == 4
     assert ledger.replica_slots() == {"a": 4}

@@ -35,3 +35,24 @@ def test_a_user_that_may_not_run_info_sees_replicas_unknown_and_no_hold(
         assert "HOLDING" not in text
     finally:
         r.acl_deluser("noinfo")
+
+
+def test_a_farm_that_places_groups_shows_what_placement_did(r: redis.Redis, clock) -> None:
+    from queue_rollout.config import RolloutConfig
+    from queue_rollout.ledger.core import Ledger
+    from testkit import trivial_prompts
+
+    rollout = RolloutConfig(group_size=2, max_concurrent_samples=8, placement="group")
+    config = Config(farm=FarmConfig(name="t"), rollout=rollout)
+    ledger = Ledger(r, "t", rollout, clock=clock)
+    ledger.submit(trivial_prompts(3))
+    ledger.set_replicas({"a": 2, "b": 1})
+    assert ledger.admit().status == "admitted"  # on a
+    assert ledger.admit().reason == "placement"  # one free slot left in all
+    s = farm_status(r, config, redis_url="x")
+    assert s["placement"] == {"mode": "group", "one_replica": 1, "split": 0, "moved": 0,
+                              "blocked": 1}
+    assert ("placement groups: 1 on one replica, 0 split; 0 attempts moved to the shared "
+            "queue; 1 admissions waited for free slots on the replicas") in format_status(s)
+    unplaced = farm_status(r, Config(farm=FarmConfig(name="t")), redis_url="x")
+    assert "placement groups" not in format_status(unplaced)
