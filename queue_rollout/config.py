@@ -31,6 +31,9 @@ FarmName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 PluginRef = Annotated[str, msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 
 
+#: ``rollout.placement``: any worker takes any attempt, or a group goes to one replica.
+Placement = Literal["any", "group"]
+
 #: The workflows built into the workers (queue_rollout.workers.workflows); any other
 #: ``workflow.name`` is a plugin, ``package.module:factory``.
 BUILT_IN_WORKFLOWS = ("controlled_length", "controlled_turns", "math", "noop")
@@ -72,7 +75,7 @@ class RolloutConfig(_Section):
     max_concurrent_samples: PosInt | Literal["auto"] | None = None
     max_staleness: NonNegInt = 2
     max_attempts: PosInt = 3
-    placement: Literal["any", "group"] = "any"
+    placement: Placement = "any"
     placement_wait_s: NonNegFloat = 10.0
 
     @property

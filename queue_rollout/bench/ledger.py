@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import redis
 
-from queue_rollout.config import RolloutConfig
+from queue_rollout.config import Placement, RolloutConfig
 from queue_rollout.ledger.core import Admission, Ledger
 from queue_rollout.ledger.durable import WaitPolicy
 from queue_rollout.ledger.embedded import EmbeddedRedis, replica_of
@@ -66,10 +66,10 @@ class LedgerBenchResult:
         }
 
 
-def _rollout(placement: str = "any") -> RolloutConfig:
+def _rollout(placement: Placement = "any") -> RolloutConfig:
     # Capacity and staleness budget large enough never to block: this measures cost.
     return RolloutConfig(group_size=GROUP, batch_size=1, max_concurrent_samples=10**9,
-                         max_staleness=10**9, placement=placement)  # type: ignore[arg-type]
+                         max_staleness=10**9, placement=placement)
 
 
 def _placeable(ledger: Ledger, worker: str) -> None:
@@ -85,7 +85,7 @@ def segment_kinds(rounds: int) -> list[str]:
 
 
 def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
-            wait_replicas: int, placement: str, out: mp.Queue[dict[str, int]]) -> None:
+            wait_replicas: int, placement: Placement, out: mp.Queue[dict[str, int]]) -> None:
     client = redis.Redis.from_url(url)
     ledger = Ledger(client, FARM, _rollout(placement), wait=WaitPolicy(wait_replicas))
     trivial = client.register_script("return 1")
@@ -145,7 +145,7 @@ PROBES = {
 
 
 def script_costs(url: str, groups: int = 200, wait_replicas: int = 0,
-                 placement: str = "any") -> dict[str, float]:
+                 placement: Placement = "any") -> dict[str, float]:
     """Redis-side microseconds per call of each script (INFO commandstats), measured
     from one client, one operation kind at a time; ``<op>_commands``: of those, the
     time in the commands the script ran; then the :data:`PROBES`."""
@@ -192,7 +192,7 @@ def script_costs(url: str, groups: int = 200, wait_replicas: int = 0,
 
 def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
                      prompts: int = 60_000, wait_replicas: int = 0,
-                     placement: str = "any") -> LedgerBenchResult:
+                     placement: Placement = "any") -> LedgerBenchResult:
     """Run against a private redis-server (never a production farm). *seconds* is the
     time per kind, split into *rounds* segments of each. With *wait_replicas*, that
     many private replicas follow it and every ledger change waits for them (WAIT)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from queue_rollout.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
-from queue_rollout.bench.placement import LONG_PROMPT, placement_text, run_long_prompt
+from queue_rollout.bench.placement import LONG_PROMPT, run_long_prompt
 from queue_rollout.bench.profiles import PILOTS, Profile, Scale, Shape
 from queue_rollout.bench.seed_pilots import (
     SEED_PILOTS,
@@ -24,6 +24,7 @@ from queue_rollout.bench.seed_pilots import (
     refit,
     sensitivity,
 )
+from queue_rollout.config import Placement
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
@@ -54,7 +55,7 @@ class BenchArgs:
     ledger_seconds: float = 6.0
     ledger_rounds: int = 3
     wait_replicas: int = 0  # ledger: replicas every change waits for
-    placement: str = "any"  # pilots, ledger: rollout.placement of the farms measured
+    placement: Placement = "any"  # pilots, ledger: rollout.placement of the farms measured
     command: str = "queue-rollout bench"  # for the report
     workdir: Path | None = None  # its farms' state and logs (None: a temporary folder)
     verbose: bool = False  # the processes' logs on the terminal instead of in workdir
@@ -129,6 +130,8 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                                        redis_server.url, progress, logs=not args.verbose)
                 if profile is LONG_PROMPT:
                     result, runs[name] = run_long_prompt(bench, profile, shape.max_staleness)
+                    from queue_rollout.bench.report import placement_text
+
                     emit(result, placement_text(result))
                     continue
                 result, runs[name] = run_pilot(bench, profile, shape.max_staleness,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.bench.pilot import ModeRun
-from queue_rollout.bench.placement import placement_markdown
 from queue_rollout.bench.seed_pilots import SENSITIVE
 from queue_rollout.errors import ConfigError
 
@@ -158,6 +157,64 @@ def pilot_markdown(result: dict[str, Any]) -> str:
             f"{k} {v:.4g} (target {calibration['targets'][k]:.4g})"
             for k, v in calibration["achieved"].items())
             + f"; worst {calibration['worst_error']:.1%}."]
+    return "\n".join(lines)
+
+
+PLACEMENT_ROWS = (  # (label, key, format)
+    ("prefill computed per group (tokens)", "prefill_tokens_computed_per_group", ".0f"),
+    ("  in prompts' worth", "prompt_computations_per_group", ".2f"),
+    ("prefill cached per group (tokens)", "prefill_tokens_cached_per_group", ".0f"),
+    ("cache hit rate", "cache_hit_rate", ".3f"),
+    ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", ".2f"),
+    ("all-work completion (s)", "all_work_completion_s", ".2f"),
+    ("ideal_ratio", "ideal_ratio", ".3f"),
+)
+
+
+def placement_rows(result: dict[str, Any]) -> list[list[str]]:
+    """long-prompt: (metric, then measured and ideal per run) rows."""
+    rows = []
+    for label, key, fmt in PLACEMENT_ROWS:
+        row = [label]
+        for name in result["runs"]:
+            run = result["runs"][name]
+            row += [_fmt(run.get(key), fmt), _fmt(run["ideal"].get(key), fmt)
+                    if key != "ideal_ratio" else ""]
+        rows.append(row)
+    split = ["groups split over replicas"]
+    for run in result["runs"].values():
+        split += [str(run["placements"]["split"]), str(run["ideal"]["placements"].get("split", 0))]
+    rows.append(split)
+    return rows
+
+
+def _placement_header(result: dict[str, Any]) -> list[str]:
+    return ["metric"] + [f"{name} {kind}" for name in result["runs"]
+                         for kind in ("measured", "ideal")]
+
+
+def placement_text(result: dict[str, Any]) -> str:
+    sc, shape = result["scale"], result["shape"]
+    lines = [f"bench {result['profile']}: {shape['prompt_tokens']}-token prompts, prefill "
+             f"rounds of {shape['chunked_prefill_size']} tokens; time x{sc['time']:g}, "
+             f"tokens x{sc['tokens']:g}"]
+    header = _placement_header(result)
+    lines.append(f"  {header[0]:<38}" + "".join(f"{h:>21}" for h in header[1:]))
+    for row in placement_rows(result):
+        lines.append(f"  {row[0]:<38}" + "".join(f"{v:>21}" for v in row[1:]))
+    for mode in ("group", "sample"):
+        ch = result["ideal_change"][mode]
+        lines.append(f"  {mode} admission, placement group against any (ideal): prefill "
+                     f"computed {_change(ch['prefill_tokens_computed_per_group'])}, rollout "
+                     f"interval {_change(ch['mean_rollout_interval_s'])}, all-work "
+                     f"{_change(ch['all_work_completion_s'])}")
+    return "\n".join(lines)
+
+
+def placement_markdown(result: dict[str, Any]) -> str:
+    header = _placement_header(result)
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in placement_rows(result)]
     return "\n".join(lines)
 
 

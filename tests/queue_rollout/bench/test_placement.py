@@ -8,13 +8,9 @@ import json
 import pytest
 
 from queue_rollout.bench.pilot import ideal_schedule, open_bench
-from queue_rollout.bench.placement import (
-    LONG_PROMPT,
-    placement_markdown,
-    placement_text,
-    run_long_prompt,
-)
+from queue_rollout.bench.placement import LONG_PROMPT, run_long_prompt
 from queue_rollout.bench.profiles import PILOTS, Scale, Shape
+from queue_rollout.bench.report import placement_markdown, placement_text
 from queue_rollout.ledger.connection import connect
 
 SMALL = Shape(prompts=8, group_size=4, batch_size=2, replicas=2, slots_per_replica=4,

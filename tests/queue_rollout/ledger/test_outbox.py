@@ -57,3 +57,14 @@ def test_attempts_no_longer_queued_are_not_enqueued(make_ledger, r):
     ledger.start(aid, "w", "r", "b", 30)  # the job ran (e.g. the reconciler re-enqueued it)
     assert flush_outbox(r, ledger.keys) == 0
     assert episode_queue(r, ledger.keys).count == 0 and r.llen(ledger.keys.outbox) == 0
+
+
+def test_the_queue_keys_the_ledger_names_are_rqs_own(make_ledger, r):
+    """Scripts reach RQ's lists by name (move.lua): the names must be RQ's keys."""
+    from rq import Queue
+
+    from queue_rollout.ledger.keys import rq_queue_key
+
+    keys = make_ledger().keys
+    for name in (keys.rq_queue, keys.rq_replica_queue("host-gpu0")):
+        assert rq_queue_key(name) == Queue(name, connection=r).key
