@@ -157,6 +157,10 @@ class EngineConfig(_Section):
     chunked_prefill_size: PosInt = 8192
     max_total_tokens: PosInt = 220_000
     pause_mode: Literal["in_place", "abort", "retract"] = "in_place"
+    #: adaptive concurrency: each worker's limit follows its replica's KV room
+    adaptive_slots: bool = False
+    min_slots_per_replica: PosInt = 1  # the lowest limit (the highest: slots_per_replica)
+    adaptive_interval_s: PosFloat = 1.0  # how often a worker reads its replica's /metrics
     model_path: str = ""
     base_port: Port = 30000
     deterministic: bool = True
@@ -241,6 +245,11 @@ def _check(config: Config, source: str) -> Config:
             f"{source}: engine.max_total_tokens: a pool of {e.max_total_tokens} tokens is "
             f"smaller than one prefill chunk (engine.chunked_prefill_size = "
             f"{e.chunked_prefill_size})"
+        )
+    if e.min_slots_per_replica > e.slots_per_replica:
+        raise ConfigError(
+            f"{source}: engine.min_slots_per_replica: {e.min_slots_per_replica} is above "
+            f"engine.slots_per_replica = {e.slots_per_replica}, the highest limit"
         )
     r = config.rollout
     if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:

@@ -30,6 +30,11 @@ small on purpose, because a thousand GPUs share one Redis:
   is not listened to: ``rq shutdown``, ``rq suspend`` (per worker) and RQ's
   kill-horse / stop-job commands do nothing here; stop a worker with SIGTERM to its
   supervisor.
+- **Adaptive concurrency** (``engine.adaptive_slots``): a job is taken only while the
+  process's running episodes are under its share of the worker's limit, which the
+  supervisor sets (:mod:`.limits`, a local file, no Redis call); a lower limit stops
+  no running episode. A dequeue already waiting when the limit drops still takes the
+  job it gets.
 - **Connections**: one for the dequeue loop, and a pool of at most
   ``POOL_CONNECTIONS`` for every other call of the process's threads.
 
@@ -63,6 +68,7 @@ from queue_rollout.ledger.connection import client_url, connect_config, translat
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys, rq_queue_key
 from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner, LeaseKeeper
+from queue_rollout.workers.limits import GATE_READ_S, SlotGate
 from queue_rollout.workers.workflows import load_workflow
 
 log = logging.getLogger(__name__)
@@ -89,6 +95,8 @@ class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True):
     boot_id: str
     index: int
     threads: int = 1
+    first_slot: int = 0  # the worker's slot number of this process's first slot
+    limit_file: str = ""  # adaptive concurrency: where the supervisor writes the limit
 
 
 class EpisodeProcess:
@@ -121,6 +129,9 @@ class EpisodeProcess:
         self.jobs: queue.Queue[str | None] = queue.Queue()
         self.done: queue.SimpleQueue[str] = queue.SimpleQueue()  # jobs to clear
         self.free = threading.Semaphore(spec.threads)  # slots without a job
+        self.gate = SlotGate(spec.limit_file, spec.first_slot, spec.threads)
+        self.busy = 0  # slots with a job (for the gate)
+        self._busy_lock = threading.Lock()
         self.stopping = threading.Event()
         self._dequeuing = False  # the main thread waits in BLMOVE
         self._url = client_url(client)
@@ -160,6 +171,12 @@ class EpisodeProcess:
     def _dequeue_loop(self) -> None:
         next_beat = time.monotonic() + RQ_HEARTBEAT_S
         while not self.stopping.is_set():
+            if time.monotonic() >= next_beat:
+                self._rq_heartbeat()
+                next_beat = time.monotonic() + RQ_HEARTBEAT_S
+            if self.busy >= self.gate.share():  # at the limit: wait, no Redis call
+                self.stopping.wait(GATE_READ_S)
+                continue
             if not self.free.acquire(timeout=1.0):  # every slot busy: wait, no Redis call
                 continue
             aid = None
@@ -176,6 +193,8 @@ class EpisodeProcess:
                 self._give_back(aid)
                 self.free.release()
                 return
+            with self._busy_lock:
+                self.busy += 1
             self.jobs.put(aid)
 
     def _take(self) -> str | None:
@@ -265,6 +284,8 @@ class EpisodeProcess:
                 log.exception("attempt %s: the slot failed", aid)
             finally:
                 self.done.put(aid)  # cleared with the next dequeue
+                with self._busy_lock:
+                    self.busy -= 1
                 self.free.release()
 
     def _run(self, runner: AttemptRunner, aid: str) -> None:

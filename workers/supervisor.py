@@ -18,11 +18,17 @@ recorded (``replica_up`` in the worker's record); a replica that reports its boo
 with every replica start instead) and comes back under a new one gets new episode
 processes bound to the new boot, and its old attempts are settled at once
 (``replica_restart``) instead of at the next periodic round.
+
+With ``engine.adaptive_slots`` it reads the replica's ``/metrics`` every
+``engine.adaptive_interval_s`` and sets how many of its episode slots take new jobs
+(:mod:`.limits`); the registered ``slots`` follow that limit, written only when it
+changes, so ``"auto"`` capacity and placement follow the farm's KV room.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -38,6 +44,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Ack, ControlListener, Registry
 from queue_rollout.procs import Supervised, stop_all
+from queue_rollout.workers.limits import AdaptiveLimit, LimitFile
 from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.rq_worker import WorkerSpec, spec_env
 
@@ -76,6 +83,11 @@ class Supervisor:
         self._last_warning, self._last_warning_at = "", 0.0
         self._replica_up = True
         self._reports_boot = False  # the replica reports a boot id (sim); SGLang does not
+        e = self.config.engine
+        #: adaptive concurrency: the controller and the file the episode processes read
+        self.adaptive = (AdaptiveLimit(e, self.client, self.worker_id)
+                         if e.adaptive_slots else None)
+        self.limit_file: LimitFile | None = None
 
     # -- start -----------------------------------------------------------------------
 
@@ -104,21 +116,27 @@ class Supervisor:
         registry.register(self.worker_id, {
             "host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
             "boot": self.boot_id, "replica_up": self._replica_up,
-            "slots": self.config.engine.slots_per_replica,
+            "slots": self.limit,
             "pid": os.getpid(), "started_at": time.time()})
+
+    @property
+    def limit(self) -> int:
+        """The episode slots that take new jobs: the adaptive limit, else every slot."""
+        return self.adaptive.limit if self.adaptive else self.config.engine.slots_per_replica
 
     # -- children --------------------------------------------------------------------
 
     def _children(self) -> list[Supervised]:
         """``slots_per_replica`` episode workers in processes of ``threads_per_process``."""
         slots, per = self.config.engine.slots_per_replica, self.config.engine.threads_per_process
-        return [self._child(i, min(per, slots - start))
+        return [self._child(i, start, min(per, slots - start))
                 for i, start in enumerate(range(0, slots, per))]
 
-    def _child(self, index: int, threads: int) -> Supervised:
+    def _child(self, index: int, first_slot: int, threads: int) -> Supervised:
         spec = WorkerSpec(config=self.config, worker_id=self.worker_id,
                           engine_url=self.engine_url, boot_id=self.boot_id, index=index,
-                          threads=threads)
+                          threads=threads, first_slot=first_slot,
+                          limit_file=str(self.limit_file.path) if self.limit_file else "")
         # -P: never import from the working directory (a source tree there would shadow)
         return Supervised(f"worker {self.worker_id}: episode process {index}",
                           [sys.executable, "-P", "-m", "queue_rollout.workers.rq_worker"],
@@ -131,15 +149,20 @@ class Supervisor:
         ledger = Ledger.from_config(redis, self.config)
         registry = Registry(redis, self.keys, self.config.timeouts.lease)
         self.wait_for_replica()
+        if self.adaptive:
+            self.limit_file = LimitFile(self.limit)
         self.register(registry)
         self.children = self._children()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        print(f"worker {self.worker_id}: {self.config.engine.slots_per_replica} episode slots in "
+        e = self.config.engine
+        adaptive = (f" (adaptive: {e.min_slots_per_replica} to {e.slots_per_replica} take "
+                    "jobs)" if self.adaptive else "")
+        print(f"worker {self.worker_id}: {e.slots_per_replica} episode slots{adaptive} in "
               f"{len(self.children)} processes on "
               f"{self.engine_url} (boot {self.boot_id or 'unknown'})", flush=True)
         listener = ControlListener(redis, self.keys)
-        next_resolve = next_health = next_seen = next_controls = 0.0
+        next_resolve = next_health = next_seen = next_controls = next_look = 0.0
         try:
             while not self._stop:
                 for child in self.children:
@@ -148,7 +171,11 @@ class Supervisor:
                     if time.monotonic() >= next_seen:  # alive, at the rate liveness needs
                         registry.seen(self.worker_id)
                         next_seen = time.monotonic() + self.config.timeouts.lease / 3
-                    wake = min(next_seen, next_health, next_resolve, next_controls)
+                    if self.adaptive and time.monotonic() >= next_look:
+                        next_look = time.monotonic() + self.config.engine.adaptive_interval_s
+                        self._adapt(registry)
+                    wake = min(next_seen, next_health, next_resolve, next_controls,
+                               next_look if self.adaptive else math.inf)
                     changed = listener.wait(min(1.0, max(0.0, wake - time.monotonic())))
                     if changed or time.monotonic() >= next_controls:
                         self._follow_controls(registry)
@@ -172,6 +199,15 @@ class Supervisor:
             listener.close()
             self._shutdown(registry)
         return 0
+
+    def _adapt(self, registry: Registry) -> None:
+        """One look at the replica's KV room; a new limit goes to the episode processes
+        and into the registry (only when it changed)."""
+        assert self.adaptive is not None and self.limit_file is not None
+        before = self.adaptive.limit
+        if self.adaptive.look() != before:
+            self.limit_file.write(self.limit)
+            self.register(registry)
 
     def _watch_replica(self, registry: Registry) -> bool:
         """One look at the replica; True when it is back (after an outage or under a new
@@ -241,6 +277,8 @@ class Supervisor:
     def _shutdown(self, registry: Registry) -> None:
         stop_all((c.proc for c in self.children if c.proc),
                  self.config.timeouts.shutdown_grace + 30)
+        if self.limit_file is not None:
+            self.limit_file.remove()
         try:
             registry.deregister(self.worker_id)
         except QueueRolloutError as exc:

@@ -35,7 +35,7 @@ from rq import Queue, Worker
 
 from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
 from queue_rollout.client.rollout import RolloutClient, stand_in_training
-from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.config import Config, EngineConfig, RolloutConfig
 from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.engines.sim_model import PauseMode
 from queue_rollout.engines.sim_server import text_tokens
@@ -317,29 +317,31 @@ def kv_settings(shape: Shape, scale: Scale) -> dict[str, Any]:
 
 
 def rollout_settings(shape: Shape, mode: str, max_staleness: int,
-                     placement: str = "any") -> dict[str, object]:
+                     placement: str = "any", adaptive: bool = False) -> dict[str, object]:
     """The ``[rollout]`` section of *mode* on *shape*: group mode admits whole groups
-    into the slots, sample mode one member per slot; *placement* as ``rollout.placement``."""
+    into the slots, sample mode one member per slot (``"auto"`` with *adaptive*
+    concurrency: the workers' limits); *placement* as ``rollout.placement``."""
     rollout: dict[str, object] = {
         "group_size": shape.group_size, "batch_size": shape.batch_size,
         "max_concurrent_rollouts": shape.slots // shape.group_size,
         "max_staleness": max_staleness, "placement": placement}
     if mode == "sample":
-        rollout["max_concurrent_samples"] = shape.slots
+        rollout["max_concurrent_samples"] = "auto" if adaptive else shape.slots
     return rollout
 
 
 def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
                    prompts: list[dict[str, Any]], mode: str, max_staleness: int, farm: str,
                    *, pause_mode: PauseMode = "in_place", placement: str = "any",
+                   adaptive: bool = False,
                    on_progress: Callable[[SimFarm], None] | None = None) -> SimReport:
     """The ideal schedule of a policy: the ledger's scripts on *client* under the farm
     name *farm* (a new one) and the engine model, in virtual time, with zero
     control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it."""
     s, f = shape, scale.step_factor
     clock = ManualClock()
-    rollout = msgspec.convert(rollout_settings(shape, mode, max_staleness, placement),
-                              RolloutConfig)
+    rollout = msgspec.convert(
+        rollout_settings(shape, mode, max_staleness, placement, adaptive), RolloutConfig)
     ledger = Ledger(client, farm, rollout, clock=clock)
     episodes: dict[str, Any] = (
         {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
@@ -354,6 +356,8 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
         capacity_slots=s.slots, **kv_settings(shape, scale), pause_mode=pause_mode,
         prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
         stop_after=s.stop_after, on_progress=on_progress,
+        adaptive_floor=s.min_slots_per_replica if adaptive else None,
+        adapt_every_s=EngineConfig().adaptive_interval_s * scale.time,
     ).run()
 
 

@@ -47,6 +47,8 @@ class Shape:
     prefill_tokens_per_s: float = 20_000.0
     chunked_prefill_size: int = 8192
     max_total_tokens: int = 220_000
+    #: adaptive concurrency: the lowest limit a worker may set (its ceiling: the slots)
+    min_slots_per_replica: int = 1
 
     @property
     def slots(self) -> int:

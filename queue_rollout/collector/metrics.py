@@ -84,6 +84,12 @@ class LedgerCollector:
                     c.get("partial", 0))
         yield gauge("policy_version", "The policy version.", int(version or 0))
         yield gauge("workers_alive", "Workers whose supervisor reported recently.", len(workers))
+        slots = GaugeMetricFamily(P + "worker_slots", "Episode slots a live worker takes "
+                                  "jobs for (its limit, with adaptive concurrency).",
+                                  labels=["worker"])
+        for worker, record in sorted(workers.items()):
+            slots.add_metric([worker], int(record.get("slots", 0)))
+        yield slots
         yield gauge("groups_in_flight", "Admitted groups not yet judged.", c.get("in_flight", 0))
         yield gauge("groups_ready", "Accepted groups waiting for a batch.",
                     client.llen(keys.ready))

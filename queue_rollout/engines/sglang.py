@@ -186,6 +186,17 @@ class SGLangClient:
             return False
         return True
 
+    def metrics(self, timeout: float = 2.0) -> str:
+        """``GET /metrics``: the Prometheus text (``--enable-metrics``); EngineError with
+        status 404 when the replica exports none."""
+        try:
+            status, raw = self._request("GET", "/metrics", None, timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineError(f"{self.url}/metrics: {exc or type(exc).__name__}") from None
+        if status != 200:
+            raise EngineError(f"{self.url}/metrics: HTTP {status}", status)
+        return raw.decode(errors="replace")
+
     def server_info(self) -> dict[str, Any]:
         info = self._control("GET", "/get_server_info")
         if not isinstance(info, dict):

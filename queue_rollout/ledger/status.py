@@ -62,7 +62,9 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
             "rejected": c.get("rejected", 0),
             "consumed": c.get("consumed", 0),
         },
-        "workers": {"alive": len(workers), "slots": live_worker_slots},
+        "workers": {"alive": len(workers), "slots": live_worker_slots,
+                    "limits": {w: int(record.get("slots", 0))
+                               for w, record in sorted(workers.items())}},
         "shapes_kept": shapes,
         "placement": {
             "mode": r.placement,
@@ -97,7 +99,8 @@ def format_status(s: dict[str, Any]) -> str:
         f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
         f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed; "
         f"{s['shapes_kept']} shapes kept for `plan --from-farm`",
-        f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots",
+        f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots"
+        + _limits_text(s["workers"]["limits"]),
         *([_placement_text(s["placement"])] if s["placement"]["mode"] == "group" else []),
         f"redis     primary {s['redis_primary']}, {_replicas_text(s['redis_replicas'])}"
         + (f", changes wait for {s['redis_wait_replicas']}" if s["redis_wait_replicas"] else ""),
@@ -105,6 +108,14 @@ def format_status(s: dict[str, Any]) -> str:
            f"{s['redis_wait_replicas']} replicas online: no ledger change completes until "
            "enough replicas hold it"] if _short(s) else []),
     ])
+
+
+def _limits_text(limits: dict[str, int]) -> str:
+    """The workers' limits when they differ (adaptive concurrency): their range."""
+    values = set(limits.values())
+    if len(values) < 2:
+        return ""
+    return f" (limits {min(values)} to {max(values)} per worker)"
 
 
 def _placement_text(p: dict[str, Any]) -> str:

@@ -22,6 +22,12 @@ Placement follows the ledger: with ``rollout.placement = "any"`` each admitted a
 goes to the least loaded replica with a free slot; with ``"group"`` the admission
 names each attempt's replica (worker ``sim-<j>``) and the attempt waits for that
 replica's worker, as a placed job waits on its replica's queue.
+
+Adaptive concurrency (``adaptive_floor``): every ``adapt_every_s`` each replica's
+worker looks at its replica as it would at ``/metrics`` (token usage, queued requests,
+retractions) and sets its limit with the worker's own controller
+(:class:`~queue_rollout.engines.concurrency.SlotLimit`); a worker starts an episode
+only under its limit, and ``"auto"`` capacity (sample mode) is the sum of the limits.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from queue_rollout.engines.concurrency import KvSignal, SlotLimit
 from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
 from queue_rollout.engines.tokens import Tokens
@@ -78,6 +85,9 @@ class SimReport:
     cached_tokens: int = 0  # prompt tokens found in the replicas' prefix caches
     #: placement: groups admitted onto one replica, or split over several
     placements: dict[str, int] = field(default_factory=dict)
+    #: adaptive concurrency: the workers' limits summed, time-averaged (else the slots)
+    mean_slots_limit: float = 0.0
+    limit_changes: int = 0  # times a worker's limit changed
 
     @property
     def rollout_intervals(self) -> list[float]:
@@ -129,6 +139,7 @@ class SimFarm:
         max_total_tokens: int = 220_000, pause_mode: PauseMode = "in_place",
         on_progress: Callable[[SimFarm], None] | None = None,
         stop_after: int | None = None,
+        adaptive_floor: int | None = None, adapt_every_s: float = 1.0,
     ) -> None:
         """The episodes: *lengths* (each member one request of that many output tokens)
         or *member_turns* (each member's turns). *prompt_tokens*: each group's prompt
@@ -138,7 +149,10 @@ class SimFarm:
         aborted episode is sent again after the pause, prompt + output so far, as the
         worker does). *stop_after*: end the run once that many batches are ready
         (rolling consumption with ``train_batches = 0``: every batch consumed at once,
-        the version raised), instead of when every group is done."""
+        the version raised), instead of when every group is done. *adaptive_floor*:
+        each worker's limit follows its replica's KV room, looked at every
+        *adapt_every_s*, between that floor and *slots_per_replica* (None: fixed
+        slots); *capacity_slots* is then ignored, the limits' sum being the capacity."""
         self.pause_mode = pause_mode
         self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
         if (lengths is None) == (member_turns is None):
@@ -163,7 +177,17 @@ class SimFarm:
         # (episodes, requests, index), entries checked against the replica's now.
         self._due: list[tuple[float, int]] = []
         self._due_at = [math.inf] * replicas
-        self._loads: list[tuple[int, int, int]] = [(0, 0, j) for j in range(replicas)]
+        #: each worker's limit (adaptive concurrency; else its slots) and controller
+        self.limits = [slots_per_replica] * replicas
+        self._limit_sum = replicas * slots_per_replica
+        self._controllers = ([SlotLimit(slots_per_replica, adaptive_floor)
+                              for _ in range(replicas)] if adaptive_floor is not None else [])
+        self.adapt_every_s = adapt_every_s
+        self._next_look = math.inf
+        self._limit_area = 0.0
+        self.limit_changes = 0
+        self._loads: list[tuple[int, int, int]] = [(-slots_per_replica, 0, j)
+                                                   for j in range(replicas)]
         self._running = 0  # requests running on every replica
         self._busy = 0  # replicas with a prefill or decode running
         self.slots_per_replica = slots_per_replica
@@ -200,12 +224,14 @@ class SimFarm:
     def run(self) -> SimReport:
         ledger = self.ledger
         self._t0 = self.clock.now
+        if self._controllers:
+            self._next_look = self.clock.now + self.adapt_every_s
         ledger.submit((gid, b"{}") for gid in self.turns)
         last_complete = self.clock.now
         while self.done_groups < len(self.turns) and (
                 self.stop_after is None or len(self.ready_times) < self.stop_after):
             self._admit_and_place()
-            tool = self._tools[0][0] if self._tools else math.inf
+            tool = min(self._tools[0][0] if self._tools else math.inf, self._next_look)
             if self._training_until is not None:
                 dt = min(self._training_until, tool) - self.clock.now
             else:
@@ -218,6 +244,8 @@ class SimFarm:
                 self._end_training()
             while self._tools and self._tools[0][0] <= self.clock.now + _EPS:
                 self._next_turn(heapq.heappop(self._tools)[1])
+            if self.clock.now >= self._next_look - _EPS:
+                self._look()
             for aid in finished:
                 if self._turn_done(aid) and self._finish(aid):
                     last_complete = self.clock.now
@@ -239,6 +267,9 @@ class SimFarm:
             prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
             cached_tokens=sum(r.counters.cached_tokens for r in self.replicas),
             placements=self._placements(),
+            mean_slots_limit=(self._limit_area / self._gen_time if self._gen_time
+                              else float(self.slots)),
+            limit_changes=self.limit_changes,
         )
 
     def _placements(self) -> dict[str, int]:
@@ -249,8 +280,9 @@ class SimFarm:
     def _admit_and_place(self) -> None:
         # the ledger admits again only after a finish, a judgement, a consumed batch or
         # a resume: asking in between would be refused the same way
+        capacity = self._limit_sum if self._controllers else self.capacity_slots
         while self._admissible:
-            admission = self.ledger.admit(self.capacity_slots)
+            admission = self.ledger.admit(capacity)
             if admission.status != "admitted":
                 self._admissible = False
                 break
@@ -265,13 +297,13 @@ class SimFarm:
             return
         for j in sorted(self._waiting_replicas):  # placed attempts: on their replica
             queue = self.waiting_on[j]
-            while queue and self._episodes_on[j] < self.slots_per_replica:
+            while queue and self._episodes_on[j] < self.limits[j]:
                 self._start(queue.popleft(), j)
             if not queue:
                 self._waiting_replicas.discard(j)
         while self.waiting:
             i = self._least_loaded()
-            if self._episodes_on[i] >= self.slots_per_replica:
+            if self._episodes_on[i] >= self.limits[i]:
                 break
             self._start(self.waiting.popleft(), i)
 
@@ -344,6 +376,7 @@ class SimFarm:
             self._active_area += self._running * dt
             self._holding_area += len(self._placed) * dt
             self._busy_area += self._busy * dt
+            self._limit_area += self._limit_sum * dt
             self._gen_time += dt
         self.clock.now += dt
         due = set()
@@ -381,21 +414,50 @@ class SimFarm:
             heapq.heappop(self._due)  # stale: the replica was touched since
         return self._due[0][0] if self._due else math.inf
 
+    def _load(self, j: int) -> tuple[int, int, int]:
+        """Replica *j*'s place in the least-loaded order: its worker's free slots (most
+        first), then its requests, then its index."""
+        return self._episodes_on[j] - self.limits[j], self.replicas[j].in_flight, j
+
     def _loaded(self, j: int) -> None:
         """Replica *j*'s load changed: its entry in the least-loaded heap."""
-        heapq.heappush(self._loads, (self._episodes_on[j], self.replicas[j].in_flight, j))
+        heapq.heappush(self._loads, self._load(j))
         if len(self._loads) > 8 * len(self.replicas) + 1024:  # drop stale entries
-            self._loads = [(self._episodes_on[k], self.replicas[k].in_flight, k)
-                           for k in range(len(self.replicas))]
+            self._loads = [self._load(k) for k in range(len(self.replicas))]
             heapq.heapify(self._loads)
 
     def _least_loaded(self) -> int:
-        """The replica with the fewest episodes, then requests, then the lowest index."""
+        """The replica whose worker has the most free slots, then the fewest requests,
+        then the lowest index."""
         while True:
-            episodes, requests, j = self._loads[0]
-            if episodes == self._episodes_on[j] and requests == self.replicas[j].in_flight:
-                return j
+            entry = self._loads[0]
+            if entry == self._load(entry[2]):
+                return entry[2]
             heapq.heappop(self._loads)
+
+    def _look(self) -> None:
+        """Adaptive concurrency: each worker looks at its replica and sets its limit;
+        a changed limit may let the ledger admit (``"auto"`` capacity) or a worker
+        start a waiting episode."""
+        self._next_look = self.clock.now + self.adapt_every_s
+        changed: dict[str, int] = {}
+        for j, replica in enumerate(self.replicas):
+            self._touch(j, lambda replica: None)
+            limit = self._controllers[j].observe(KvSignal(
+                replica.token_usage(), len(replica.waiting),
+                replica.counters.retracted_requests))
+            if limit != self.limits[j]:
+                self._limit_sum += limit - self.limits[j]
+                self.limits[j] = limit
+                changed[_worker(j)] = limit
+                self._loaded(j)
+        if not changed:
+            return
+        self.limit_changes += len(changed)
+        self._admissible = True
+        if self.placing:
+            self.ledger.set_replicas(changed)
+            self._waiting_replicas.update(int(w.removeprefix("sim-")) for w in changed)
 
     def _finish(self, aid: str) -> bool:
         r = self._placed.pop(aid)

@@ -28,6 +28,8 @@ from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BarrierTimeout
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.registry import Registry
 
 GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
@@ -220,6 +222,8 @@ def test_every_panel_queries_metrics_the_farm_exports(r):
         assert {"x", "y", "w", "h"} <= set(p["gridPos"]), p["title"]
 
     config = msgspec.convert({"farm": {"name": "g"}}, Config)
+    # a live worker: its slots are a series of their own
+    Registry(r, Keys("g"), config.timeouts.lease).register("w0", {"slots": 4})
     exported = sample_names(FarmMetrics(Ledger.from_config(r, config), config)
                             .exposition().decode())
     with ThreadedSimEngine(slots=2, step_ms=1.0) as engine, \
@@ -240,7 +244,8 @@ def test_every_panel_queries_metrics_the_farm_exports(r):
               "queue_rollout_consumed_group_staleness_bucket",
               "queue_rollout_doubtful_attempts", "queue_rollout_workers_alive",
               "sglang:num_running_reqs", "sglang:gen_throughput",
-              "queue_rollout_prefill_tokens_total", "queue_rollout_placements_total"}
+              "queue_rollout_prefill_tokens_total", "queue_rollout_placements_total",
+              "queue_rollout_worker_slots"}
     used = set().union(*(metric_names(e) for _, e in dashboard_exprs()))
     assert needed <= used, f"no panel for {sorted(needed - used)}"
 
@@ -277,7 +282,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
     toml.write_text(f'[farm]\nname = "graf"\nredis_url = "{redis_url}"\n'
                     "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n"
                     'max_staleness = 100\nplacement = "group"\n'
-                    "[engine]\nslots_per_replica = 4\n"
+                    "[engine]\nslots_per_replica = 4\nadaptive_slots = true\n"
                     "threads_per_process = 4\n[timeouts]\nshutdown_grace = 2\n"
                     f"[metrics]\nport = {metrics_port}\n")
     client = RolloutClient.from_config(toml)
@@ -368,6 +373,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
         placed = "max by (how) (rate(queue_rollout_placements_total[$__rate_interval])) * 60"
         assert value(placed) > 0  # the farm places groups: the panel shows them
         assert len(results["sum by (instance) (sglang:num_running_reqs)"]) == 2
+        per_worker = results["max by (worker) (queue_rollout_worker_slots)"]
+        assert sorted(float(s["value"][1]) for s in per_worker) == [4.0, 4.0]
 
         def rules_evaluated():
             rules = [r for g in get_json(api + "/rules")["groups"] for r in g["rules"]]

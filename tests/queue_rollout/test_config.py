@@ -122,6 +122,10 @@ def test_max_concurrent_samples_auto_and_int():
     ("engine", "max_total_tokens", "0"),
     ("engine", "max_total_tokens", "4096"),  # smaller than one chunk (8,192)
     ("engine", "pause_mode", '"sleep"'),
+    ("engine", "adaptive_slots", '"yes"'),
+    ("engine", "min_slots_per_replica", "0"),
+    ("engine", "min_slots_per_replica", "17"),  # above slots_per_replica (16)
+    ("engine", "adaptive_interval_s", "0"),
     ("metrics", "port", "0"),
     ("timeouts", "lease", "0"),
     ("timeouts", "doubt", "false"),

@@ -69,10 +69,11 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
     try:
         assert "2 episode slots in 2 processes" in proc.stdout.readline()
         wait_for(lambda: len(rq_workers(r)) == 2, what="2 RQ workers")
-        record = json.loads(next(iter(r.hgetall(ledger.keys.workers).values())))
+        (worker_id, raw), = r.hgetall(ledger.keys.workers).items()
+        record = json.loads(raw)
         assert record["slots"] == 2 and record["replica"] == engine.url
         status = farm_status(r, config, redis_url="x")
-        assert status["workers"] == {"alive": 1, "slots": 2}
+        assert status["workers"] == {"alive": 1, "slots": 2, "limits": {worker_id.decode(): 2}}
 
         dispatch(r, ledger, 4, [50, 200])
         wait_for(lambda: ledger.counters().get("finished", 0) == 8, what="8 finished episodes")
@@ -323,7 +324,7 @@ def test_a_killed_worker_leaves_the_live_set_within_three_leases(r, engine, farm
     try:
         assert "2 episode slots" in proc.stdout.readline()
         status = farm_status(r, config, redis_url="x")
-        assert status["workers"] == {"alive": 1, "slots": 2}
+        assert (status["workers"]["alive"], status["workers"]["slots"]) == (1, 2)
         time.sleep(2.0)  # a report or two later: still alive
         assert farm_status(r, config, redis_url="x")["workers"]["alive"] == 1
         for pid in process_tree(proc.pid):

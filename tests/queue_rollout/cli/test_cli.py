@@ -21,6 +21,23 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     assert "rollout.max_concurrent_samples" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("engine,message", [
+    ("slots_per_replica = 4\nmin_slots_per_replica = 5", "engine.min_slots_per_replica: 5 is "
+     "above engine.slots_per_replica = 4"),
+    ("min_slots_per_replica = 0", "engine.min_slots_per_replica: Expected `int` >= 1"),
+])
+def test_a_floor_above_the_slots_or_zero_exits_2_naming_the_key(tmp_path, engine, message):
+    from queue_rollout.procs import cli_exe
+
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f"[engine]\nadaptive_slots = true\n{engine}\n")
+    for argv in (["worker", "--gpu", "0", "--engine-url", "http://127.0.0.1:1"], ["status"]):
+        out = subprocess.run([cli_exe(), *argv, "-c", str(toml)], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 2, out.stderr
+        assert message in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("flags", [
     ["--max-total-tokens", "1000", "--chunked-prefill-size", "2000"],
     ["--max-total-tokens", "0"],

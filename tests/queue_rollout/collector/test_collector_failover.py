@@ -109,7 +109,7 @@ def test_auto_capacity_grows_when_a_third_worker_joins(tmp_path, redis_url, r):
         spawn("worker", "--gpu", "2", "--engine-url", engines[2].url)
         s = wait_status(lambda s: s["capacity"] == 6 and s["active_episodes"] == 6,
                         "the third worker's slots in use")
-        assert s["workers"] == {"alive": 3, "slots": 6} and s["reserved"] == 6
+        assert (s["workers"]["alive"], s["workers"]["slots"]) == (3, 6) and s["reserved"] == 6
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

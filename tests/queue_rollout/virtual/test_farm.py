@@ -112,3 +112,46 @@ def test_rolling_consumption_stops_when_the_asked_batch_is_ready(r):
     t = report.ready_times
     assert report.steady_groups_per_hour(2) == pytest.approx(2 * 2 / (t[2] - t[0]) * 3600)
     assert report.median_batch_interval == pytest.approx((t[2] - t[0]) / 2)  # of two gaps
+
+
+def adaptive_run(r, farm: str, *, pool: int, floor: int | None,
+                 placement: str = "any") -> tuple[SimFarm, SimReport]:
+    """Sample mode with "auto" capacity over 2 replicas of 4 slots; four long (2,000
+    tokens) members per group fill a pool of 4,000 tokens, not one of 100,000."""
+    clock = ManualClock()
+    rollout = RolloutConfig(group_size=G, batch_size=2, max_concurrent_samples="auto",
+                            max_staleness=100, placement=placement)  # type: ignore[arg-type]
+    ledger = Ledger(r, farm, rollout, clock=clock)
+    lengths = {f"a{i:02d}": [2000 if i % 2 else 100] * G for i in range(8)}
+    sim = SimFarm(ledger, clock, lengths, replicas=2, slots_per_replica=4, step_ms=1.0,
+                  step_ms_per_request=0.0, train_s=1.0, train_batches=0, capacity_slots=8,
+                  prefill_tokens_per_s=1e6, chunked_prefill_size=1024,
+                  max_total_tokens=pool, adaptive_floor=floor, adapt_every_s=0.05)
+    limits: list[list[int]] = []
+    sim.on_progress = lambda s: limits.append(list(s.limits))
+    report = sim.run()
+    sim.seen_limits = limits  # type: ignore[attr-defined]
+    return sim, report
+
+
+def test_adaptive_limits_change_nothing_while_the_pool_has_room(r):
+    _, fixed = adaptive_run(r, "roomy-fixed", pool=100_000, floor=None)
+    _, adaptive = adaptive_run(r, "roomy-adaptive", pool=100_000, floor=1)
+    assert adaptive.limit_changes == 0 and adaptive.mean_slots_limit == 8
+    assert (adaptive.all_work_s, adaptive.ready_times) == (fixed.all_work_s, fixed.ready_times)
+
+
+@pytest.mark.parametrize("placement", ["any", "group"])
+def test_a_full_pool_lowers_the_limits_and_capacity_with_them(r, placement):
+    _, fixed = adaptive_run(r, f"full-fixed-{placement}", pool=4000, floor=None,
+                            placement=placement)
+    sim, adaptive = adaptive_run(r, f"full-adaptive-{placement}", pool=4000, floor=1,
+                                 placement=placement)
+    assert fixed.retractions > 0  # the pool is too small for four long members
+    assert adaptive.limit_changes > 0 and adaptive.mean_slots_limit < 8
+    seen = sim.seen_limits  # type: ignore[attr-defined]
+    low = next(i for i, limits in enumerate(seen) if min(limits) == 1)
+    assert any(limits == [4, 4] for limits in seen[low:])  # and back up
+    assert adaptive.groups_accepted == 8 and adaptive.output_tokens == fixed.output_tokens
+    if placement == "group":  # the ledger's replicas follow the limits
+        assert sim.ledger.replica_slots() == {"sim-0": seen[-1][0], "sim-1": seen[-1][1]}

@@ -1,0 +1,118 @@
+"""Adaptive concurrency: how many episodes a replica's worker takes, from what the
+replica says about its KV memory.
+
+A replica whose running requests outgrow its KV pool retracts some of them (their
+context is computed again when they run again); one whose requests are short leaves
+memory idle. With ``engine.adaptive_slots`` each worker reads its replica's
+``/metrics`` about once a second (SGLang exports them with ``--enable-metrics``; the
+simulated replica exports the same names) and sets how many of its episode slots take
+new jobs, between ``engine.min_slots_per_replica`` and ``engine.slots_per_replica``,
+by additive increase and multiplicative decrease (AIMD):
+
+- **Decrease** to ``limit x DECREASE`` (rounded down, not below the floor) when the
+  replica retracted a request since the last look, or when its token usage is above
+  ``HIGH_WATER``. Halving is TCP's choice: it empties room fast after a retraction, and
+  the increase gives it back within seconds once the pressure is gone.
+- **Increase** by ``INCREASE`` (up to the ceiling) when token usage is under the mark,
+  nothing waits in the replica's queue and nothing was retracted: one slot a look, so
+  a limit climbs from 1 to 16 in about 15 s, well within one long episode.
+- **Hold** otherwise (under the mark with requests queued: the replica is admitting
+  at its own pace, more would only wait).
+
+The mark is 0.90 of the pool: SGLang retracts when the next decode step does not fit,
+that is at a usage of 1.0 less a few tokens per running request, so 0.90 leaves one
+look's growth of 16 decoding requests (16 x about 130 tokens a second) on pools of more
+than 21,000 tokens, and it stays above the ~0.7 that SGLang's own admission estimate
+(``new_token_ratio``) lets a replica fill to before decoding grows it.
+
+Running episodes are never stopped for a lower limit: the limit applies to the next
+job a slot would take. The controller is a pure function of its samples (no clock, no
+I/O), so the worker and the virtual-time farm run the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+#: Token usage above which a replica's limit is decreased (a share of its KV pool).
+HIGH_WATER = 0.90
+#: The factor a limit is multiplied by on a retraction or above the mark.
+DECREASE = 0.5
+#: Slots a limit gains per look while the replica has room.
+INCREASE = 1
+#: The metrics read (SGLang's names: ``observability/metrics_collector.py``).
+TOKEN_USAGE = "sglang:token_usage"
+QUEUED = "sglang:num_queue_reqs"
+RETRACTED = "sglang:num_retracted_requests_total"
+#: One sample line of the text format: a name, labels (quoted values may hold braces),
+#: a value (a timestamp may follow).
+_SAMPLE = re.compile(r'(?P<name>sglang:[A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?'
+                     r"\s+(?P<value>\S+)")
+
+
+@dataclass(frozen=True, slots=True)
+class KvSignal:
+    """One look at a replica: token usage (held tokens less the evictable cache, a
+    share of the pool), requests waiting in its queue, requests retracted so far."""
+
+    token_usage: float
+    queued: int
+    retractions: int
+
+
+def parse_metrics(text: str) -> KvSignal | None:
+    """The signal in a Prometheus text exposition; None when it lacks token usage or the
+    queue (a replica started without ``--enable-metrics`` answers 404, an old one may
+    lack the retraction counter: it then counts as none). Several series of one name
+    (data-parallel ranks) add up; token usage takes the fullest."""
+    usage: list[float] = []
+    queued = retracted = 0.0
+    found_queue = False
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        if m["name"] == TOKEN_USAGE:
+            usage.append(value)
+        elif m["name"] == QUEUED:
+            queued += value
+            found_queue = True
+        elif m["name"] == RETRACTED:
+            retracted += value
+    if not usage or not found_queue:
+        return None
+    return KvSignal(max(usage), int(queued), int(retracted))
+
+
+@dataclass
+class SlotLimit:
+    """A replica's limit under AIMD; starts at the ceiling."""
+
+    ceiling: int
+    floor: int = 1
+    limit: int = field(init=False)
+    _retractions: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.floor <= self.ceiling:
+            raise ValueError(f"a floor of {self.floor} slots is not in 1..{self.ceiling}")
+        self.limit = self.ceiling
+
+    def observe(self, signal: KvSignal) -> int:
+        """The limit after one look at the replica."""
+        last, self._retractions = self._retractions, signal.retractions
+        # a lower count than last time: the replica restarted (its counters did)
+        retracted = last is not None and signal.retractions > last
+        if retracted or signal.token_usage > HIGH_WATER:
+            self.limit = max(self.floor, math.floor(self.limit * DECREASE))
+        elif signal.queued == 0:
+            self.limit = min(self.ceiling, self.limit + INCREASE)
+        return self.limit
