@@ -145,6 +145,22 @@ MEANINGS: dict[str, tuple[str, str]] = {
                           "cached) or `retract` (KV freed, recomputed on resume).",
                           "暂停的方式：`in_place`（保留 KV）、`abort`（部分 rollout 在新权重下"
                           "续跑；其上下文进入缓存）或 `retract`（释放 KV，恢复时重算）。"),
+    "engine.adaptive_slots": (
+        "true: each worker reads its replica's `/metrics` and sets how many of its slots "
+        "take new jobs (halved on a retraction or a token usage above 0.90, one more a "
+        "look while there is room); its registered slots, and `\"auto\"` capacity, "
+        "follow.",
+        "true：每个 worker 读取其副本的 `/metrics`，设定有多少槽位接新任务（发生 retraction "
+        "或 token 使用率高于 0.90 时减半，有余量时每次加一）；其登记的槽位数以及 "
+        "`\"auto\"` 容量随之变化。"),
+    "engine.min_slots_per_replica": (
+        "Adaptive slots: the lowest limit a worker sets (the highest is "
+        "`slots_per_replica`); at most `slots_per_replica`.",
+        "自适应槽位：worker 设定的最低上限（最高为 `slots_per_replica`）；不得超过 "
+        "`slots_per_replica`。"),
+    "engine.adaptive_interval_s": (
+        "Adaptive slots: seconds between a worker's looks at its replica's `/metrics`.",
+        "自适应槽位：worker 两次读取其副本 `/metrics` 之间的秒数。"),
     "engine.model_path": ("`node` with sglang: the model to serve.",
                           "`node` 使用 sglang 时：要服务的模型。"),
     "engine.base_port": ("`node`: replica i listens on base_port + i.",

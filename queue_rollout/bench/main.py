@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from queue_rollout.bench.kv_pressure import KV_PRESSURE, run_kv_pressure
 from queue_rollout.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
 from queue_rollout.bench.placement import LONG_PROMPT, run_long_prompt
 from queue_rollout.bench.profiles import PILOTS, Profile, Scale, Shape
@@ -28,14 +29,16 @@ from queue_rollout.config import Placement
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
-#: Every pilot: the synthetic ones, the seed's workloads, placement's.
-PILOT_NAMES = (*PILOTS, *SEED_PILOTS, LONG_PROMPT.name)
-ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS, LONG_PROMPT.name)
+#: Profiles of several runs each: placement's, adaptive concurrency's.
+MULTI_RUN = {LONG_PROMPT.name: LONG_PROMPT, KV_PRESSURE.name: KV_PRESSURE}
+#: Every pilot: the synthetic ones, the seed's workloads, those of several runs.
+PILOT_NAMES = (*PILOTS, *SEED_PILOTS, *MULTI_RUN)
+ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS, *MULTI_RUN)
 
 
 def pilot_profile(name: str) -> Profile:
-    if name == LONG_PROMPT.name:
-        return LONG_PROMPT
+    if name in MULTI_RUN:
+        return MULTI_RUN[name]
     return PILOTS[name] if name in PILOTS else SEED_PILOTS[name]()
 
 
@@ -44,7 +47,7 @@ class BenchArgs:
     profile: str
     json: bool = False
     out: Path | None = None
-    max_staleness: int = 2
+    max_staleness: int | None = None  # None: the profile's own (else 2)
     time_scale: float | None = None  # None: the profile's own (else 0.1)
     token_scale: float | None = None  # None: the profile's own (else 0.125)
     refit: bool = False  # swe-agentic, boba-math: fit the calibration again
@@ -64,7 +67,9 @@ class BenchArgs:
 def pilot_setting(profile: Profile, args: BenchArgs) -> tuple[Shape, Scale]:
     """The shape and scale *profile* runs at: its own, the window and any scale given
     on the command line overriding them."""
-    shape = dataclasses.replace(profile.shape or Shape(), max_staleness=args.max_staleness)
+    shape = profile.shape or Shape()
+    if args.max_staleness is not None:
+        shape = dataclasses.replace(shape, max_staleness=args.max_staleness)
     own = profile.scale or Scale()
     return shape, Scale(time=args.time_scale or own.time, tokens=args.token_scale or own.tokens)
 
@@ -133,6 +138,12 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                     from queue_rollout.bench.report import placement_text
 
                     emit(result, placement_text(result))
+                    continue
+                if profile is KV_PRESSURE:
+                    result, runs[name] = run_kv_pressure(bench, profile, shape.max_staleness)
+                    from queue_rollout.bench.report import kv_text
+
+                    emit(result, kv_text(result))
                     continue
                 result, runs[name] = run_pilot(bench, profile, shape.max_staleness,
                                                args.placement)

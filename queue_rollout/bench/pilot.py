@@ -65,6 +65,7 @@ class ModeRun:
     mode: str
     slots: int
     placement: str = "any"  # rollout.placement
+    adaptive: bool = False  # engine.adaptive_slots
     ready: list[float] = field(default_factory=list)
     pauses: list[tuple[float, float]] = field(default_factory=list)  # trainer's windows
     accepted_at_ready: list[int] = field(default_factory=list)
@@ -211,14 +212,22 @@ class Bench:
     def stop(self) -> None:
         stop_all((e.proc for e in self.engines if e.proc), 10)
 
-    def rollout(self, mode: str, max_staleness: int, placement: str = "any"
-                ) -> dict[str, object]:
-        return rollout_settings(self.shape, mode, max_staleness, placement)
+    def rollout(self, mode: str, max_staleness: int, placement: str = "any",
+                adaptive: bool = False) -> dict[str, object]:
+        return rollout_settings(self.shape, mode, max_staleness, placement, adaptive)
+
+    def adaptive_section(self) -> dict[str, object]:
+        """Adaptive concurrency's ``[engine]`` keys: the floor, and the look at each
+        replica's metrics every second scaled by time."""
+        return {"adaptive_slots": True,
+                "min_slots_per_replica": self.shape.min_slots_per_replica,
+                "adaptive_interval_s": adaptive_interval_s(self.scale)}
 
     # -- one mode ----------------------------------------------------------------------
 
     def run_mode(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
-                 max_staleness: int, placement: str = "any") -> ModeRun:
+                 max_staleness: int, placement: str = "any", adaptive: bool = False
+                 ) -> ModeRun:
         self.runs += 1
         s, train_s = self.shape, self.shape.train_s * self.scale.time
         state = self.workdir / f"run-{self.runs}"
@@ -226,9 +235,9 @@ class Bench:
         config = msgspec.convert({
             "farm": {"name": f"bench-{self.runs}-{profile.name}-{mode}",
                      "redis_url": self.redis_url, "state_dir": str(state)},
-            "rollout": self.rollout(mode, max_staleness, placement),
+            "rollout": self.rollout(mode, max_staleness, placement, adaptive),
             "workflow": {"name": workflow},
-            "engine": self.engine_section(),
+            "engine": {**self.engine_section(), **(self.adaptive_section() if adaptive else {})},
             "collector": {"step_ms": self.scale.collector_step_ms},
             "metrics": {"port": free_port()},
             "timeouts": {"shutdown_grace": 2, "pause_barrier": 30},
@@ -238,7 +247,7 @@ class Bench:
                          log_dir=state if self.logs else None)
         farm.start()
         stop = threading.Event()
-        run = ModeRun(mode, s.slots, placement, batch_size=s.batch_size)
+        run = ModeRun(mode, s.slots, placement, adaptive, batch_size=s.batch_size)
         try:
             client = RolloutClient(Ledger.from_config(connect(self.redis_url), config), config)
             farm.wait_ready(stop)
@@ -277,7 +286,7 @@ class Bench:
         run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
                                       s.batch_size).problems
         run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}",
-                               placement=placement)
+                               placement=placement, adaptive=adaptive)
         return run
 
     def _requests(self, t0: float, t1: float) -> list[dict[str, Any]]:
@@ -294,8 +303,8 @@ class Bench:
         return out
 
     def ideal(self, prompts: list[dict[str, Any]], mode: str, max_staleness: int,
-              farm: str, pause_mode: PauseMode = "in_place", placement: str = "any"
-              ) -> SimReport:
+              farm: str, pause_mode: PauseMode = "in_place", placement: str = "any",
+              adaptive: bool = False) -> SimReport:
         """The ideal schedule of the same policy (:func:`ideal_schedule`) on this
         bench's Redis. *farm* names it; a suffix of its own keeps it apart from every
         other run on this Redis."""
@@ -303,9 +312,16 @@ class Bench:
         try:
             return ideal_schedule(client, self.shape, self.scale, prompts, mode,
                                   max_staleness, f"{farm}-{uuid.uuid4().hex[:12]}",
-                                  pause_mode=pause_mode, placement=placement)
+                                  pause_mode=pause_mode, placement=placement,
+                                  adaptive=adaptive)
         finally:
             client.close()
+
+
+def adaptive_interval_s(scale: Scale) -> float:
+    """How often a worker looks at its replica's KV room at *scale*: the shipped
+    ``engine.adaptive_interval_s`` scaled by time."""
+    return EngineConfig().adaptive_interval_s * scale.time
 
 
 def kv_settings(shape: Shape, scale: Scale) -> dict[str, Any]:
@@ -357,7 +373,7 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
         prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
         stop_after=s.stop_after, on_progress=on_progress,
         adaptive_floor=s.min_slots_per_replica if adaptive else None,
-        adapt_every_s=EngineConfig().adaptive_interval_s * scale.time,
+        adapt_every_s=adaptive_interval_s(scale),
     ).run()
 
 

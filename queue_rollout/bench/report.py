@@ -171,16 +171,34 @@ PLACEMENT_ROWS = (  # (label, key, format)
 )
 
 
-def placement_rows(result: dict[str, Any]) -> list[list[str]]:
-    """long-prompt: (metric, then measured and ideal per run) rows."""
+KV_ROWS = (  # (label, key, format)
+    ("retractions", "retractions", ".0f"),
+    ("recomputed prefill (tokens)", "recomputed_prefill_tokens", ".0f"),
+    ("all-work completion (s)", "all_work_completion_s", ".2f"),
+    ("output tokens per second", "tokens_per_s", ".0f"),
+    ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", ".2f"),
+    ("mean running requests", "mean_running_requests", ".1f"),
+    ("ideal_ratio", "ideal_ratio", ".3f"),
+)
+
+
+def run_rows(result: dict[str, Any], spec: tuple[tuple[str, str, str], ...]
+             ) -> list[list[str]]:
+    """Profiles of several runs (long-prompt, kv-pressure): (metric, then measured and
+    ideal per run) rows, one per *spec* entry."""
     rows = []
-    for label, key, fmt in PLACEMENT_ROWS:
+    for label, key, fmt in spec:
         row = [label]
-        for name in result["runs"]:
-            run = result["runs"][name]
+        for run in result["runs"].values():
             row += [_fmt(run.get(key), fmt), _fmt(run["ideal"].get(key), fmt)
                     if key != "ideal_ratio" else ""]
         rows.append(row)
+    return rows
+
+
+def placement_rows(result: dict[str, Any]) -> list[list[str]]:
+    """long-prompt: (metric, then measured and ideal per run) rows."""
+    rows = run_rows(result, PLACEMENT_ROWS)
     split = ["groups split over replicas"]
     for run in result["runs"].values():
         split += [str(run["placements"]["split"]), str(run["ideal"]["placements"].get("split", 0))]
@@ -188,7 +206,54 @@ def placement_rows(result: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _placement_header(result: dict[str, Any]) -> list[str]:
+def kv_rows(result: dict[str, Any]) -> list[list[str]]:
+    """kv-pressure: (metric, then measured and ideal per run) rows; the workers' mean
+    limit in the ideal schedule."""
+    rows = run_rows(result, KV_ROWS)
+    limit = ["mean slots the workers take (ideal)"]
+    for run in result["runs"].values():
+        limit += ["", _fmt(run["ideal"]["mean_slots_limit"], ".1f")]
+    rows.append(limit)
+    return rows
+
+
+def kv_text(result: dict[str, Any]) -> str:
+    sc, shape = result["scale"], result["shape"]
+    lines = [f"bench {result['profile']}: a KV pool of {shape['max_total_tokens']} tokens per "
+             f"replica, {shape['slots'] // shape['replicas']} slots fixed or adaptive (floor "
+             f"{shape['min_slots_per_replica']}), max_staleness {shape['max_staleness']}; time "
+             f"x{sc['time']:g}, tokens x{sc['tokens']:g}"]
+    lines += _table_text(_runs_header(result), kv_rows(result))
+    for mode in ("group", "sample"):
+        ch = result["ideal_change"][mode]
+        lines.append(f"  {mode} admission, adaptive against fixed slots (ideal): retractions "
+                     f"{_change(ch['retractions'])}, all-work "
+                     f"{_change(ch['all_work_completion_s'])}, tokens/s "
+                     f"{_change(ch['tokens_per_s'])}")
+    for name, c in result["controls"].items():
+        lines.append(f"  control {name} (shipped pool, ideal): all-work {c['fixed_all_work_s']:.2f}"
+                     f" s fixed, {c['adaptive_all_work_s']:.2f} s adaptive "
+                     f"({_change(c['change'])})")
+    return "\n".join(lines)
+
+
+def kv_markdown(result: dict[str, Any]) -> str:
+    return _table_markdown(_runs_header(result), kv_rows(result))
+
+
+def _table_text(header: list[str], rows: list[list[str]]) -> list[str]:
+    width = max(21, *(len(h) + 2 for h in header[1:]))
+    return [f"  {row[0]:<38}" + "".join(f"{v:>{width}}" for v in row[1:])
+            for row in [header, *rows]]
+
+
+def _table_markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _runs_header(result: dict[str, Any]) -> list[str]:
     return ["metric"] + [f"{name} {kind}" for name in result["runs"]
                          for kind in ("measured", "ideal")]
 
@@ -198,10 +263,7 @@ def placement_text(result: dict[str, Any]) -> str:
     lines = [f"bench {result['profile']}: {shape['prompt_tokens']}-token prompts, prefill "
              f"rounds of {shape['chunked_prefill_size']} tokens; time x{sc['time']:g}, "
              f"tokens x{sc['tokens']:g}"]
-    header = _placement_header(result)
-    lines.append(f"  {header[0]:<38}" + "".join(f"{h:>21}" for h in header[1:]))
-    for row in placement_rows(result):
-        lines.append(f"  {row[0]:<38}" + "".join(f"{v:>21}" for v in row[1:]))
+    lines += _table_text(_runs_header(result), placement_rows(result))
     for mode in ("group", "sample"):
         ch = result["ideal_change"][mode]
         lines.append(f"  {mode} admission, placement group against any (ideal): prefill "
@@ -212,10 +274,7 @@ def placement_text(result: dict[str, Any]) -> str:
 
 
 def placement_markdown(result: dict[str, Any]) -> str:
-    header = _placement_header(result)
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in placement_rows(result)]
-    return "\n".join(lines)
+    return _table_markdown(_runs_header(result), placement_rows(result))
 
 
 def pyplot() -> Any:
@@ -243,7 +302,9 @@ def write_report(out: Path, results: list[dict[str, Any]],
           f"{platform.system()} {platform.release()}", ""]
     for result in results:
         name = result["profile"]
-        if "runs" in result:  # long-prompt: a run per (mode, placement)
+        if name == "kv-pressure":  # a run per (mode, slots)
+            md += [f"## {name}", "", kv_markdown(result), ""]
+        elif "runs" in result:  # long-prompt: a run per (mode, placement)
             md += [f"## {name}", "", placement_markdown(result), ""]
         elif name in runs:
             md += [f"## {name}", "", pilot_markdown(result), ""]

@@ -85,6 +85,8 @@ def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
         batch_size=args.batch_size, batches=args.batches, train_s=args.train_s,
         max_staleness=tuple(args.max_staleness or ()), modes=tuple(args.modes),
         placements=tuple(args.placement or (config.rollout.placement,)),
+        slots=tuple(args.slots or ("adaptive" if config.engine.adaptive_slots else "fixed",)),
+        min_slots_per_replica=config.engine.min_slots_per_replica,
         time_scale=args.time_scale, token_scale=args.token_scale, seed=args.seed,
         redis_load=Path(args.redis_load) if args.redis_load else None, json=args.json,
         out=Path(args.out) if args.out else None,
@@ -117,6 +119,7 @@ def _choices(what: str, allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 _mode_list = _choices("mode(s)", ("group", "sample"))
 _placement_list = _choices("placement(s)", ("any", "group"))
+_slots_list = _choices("slot setting(s)", ("fixed", "adaptive"))
 
 
 def _positive(text: str) -> int:
@@ -149,7 +152,7 @@ def _non_negative_float(text: str) -> float:
 
 #: The bench's pilots, which ``plan`` takes as workloads.
 PLAN_PROFILES = ("long-tail", "equal", "group-between", "mixed-tail", "swe-agentic",
-                 "boba-math", "boba-math-b8", "long-prompt")
+                 "boba-math", "boba-math-b8", "long-prompt", "kv-pressure")
 
 
 def _fraction(text: str) -> float:
@@ -455,14 +458,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="all",
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
                             "control-plane", "ledger", "calibration", "swe-agentic",
-                            "boba-math", "boba-math-b8", "long-prompt", "all", "sim-replica",
-                            "redis-load"],
+                            "boba-math", "boba-math-b8", "long-prompt", "kv-pressure", "all",
+                            "sim-replica", "redis-load"],
                    help="pilots (long-tail, equal, group-between, mixed-tail; the seed's "
                         "workloads swe-agentic, boba-math, boba-math-b8, each at its own "
                         "shape and scale): both admission modes through the real stack "
                         "beside their ideal schedules; long-prompt: both modes with "
                         "rollout.placement any and group, prefill computed and cached per "
-                        "group; control-plane: no-op "
+                        "group; kv-pressure: both modes with fixed and adaptive slots on "
+                        "replicas short of KV memory; control-plane: no-op "
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; calibration: the engine model's ideal schedules of "
                         "long-tail and equal under each pause mode beside the reference's "
@@ -473,8 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
                    "(needs matplotlib: queue-rollout[bench])")
-    p.add_argument("--max-staleness", type=_non_negative, default=2,
-                   help="pilots: the staleness window (default 2: a 3-batch window)")
+    p.add_argument("--max-staleness", type=_non_negative, default=None,
+                   help="pilots: the staleness window (default 2: a 3-batch window; "
+                        "kv-pressure 7)")
     p.add_argument("--time-scale", type=_fraction, default=None,
                    help="pilots: measured seconds per reference second (default 0.1; "
                         "swe-agentic 1/60)")
@@ -559,6 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", type=_placement_list,
                    help="rollout.placement settings to compare, e.g. any,group (default: "
                         "the config's); the table adds prefill computed per group")
+    p.add_argument("--slots", type=_slots_list,
+                   help="episode slots per replica to compare: fixed, adaptive (each "
+                        "worker's limit follows its replica's KV room), or fixed,adaptive "
+                        "(default: the config's engine.adaptive_slots); the table adds the "
+                        "workers' mean limit")
     p.add_argument("--time-scale", type=_fraction, default=1.0,
                    help="simulated seconds per real second of the workload (default 1)")
     p.add_argument("--token-scale", type=_fraction, default=1.0,

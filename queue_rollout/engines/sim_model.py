@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -96,6 +96,13 @@ def token_logprobs(seed: int, n: int) -> list[float]:
 
 
 
+def recomputed_tokens(log: Iterable[dict[str, Any]]) -> int:
+    """Context tokens the requests of a request *log* computed more than once: what a
+    request prefilled beyond its first admission's share (its prompt less what it found
+    cached), that is the recomputation retractions (and ``retract`` pauses) cost."""
+    return sum(e["prefill_tokens"] - (e["prompt_tokens"] - e["cached_tokens"]) for e in log)
+
+
 class DuplicateRid(Exception):
     """An rid that is still waiting or running was sent again (SGLang >= 0.5.10)."""
 
@@ -120,6 +127,7 @@ class SimRequest:
     started: float | None = None
     cached_tokens: int = 0  # prompt tokens found in the cache at the first admission
     retractions: int = 0
+    computed_tokens: int = 0  # context tokens prefilled for it, every admission included
     on_done: Callable[[SimRequest, dict[str, Any]], None] | None = field(default=None, repr=False)
     # engine state
     _extend_left: int = 0  # context tokens still to prefill
@@ -333,6 +341,7 @@ class SimModel:
         tokens = 0
         for r, take in round_:
             r._kv += take
+            r.computed_tokens += take
             r._extend_left -= take
             tokens += take
         self.counters.prefill_tokens += tokens
@@ -503,6 +512,7 @@ class SimModel:
         self.log.append({"rid": r.rid, "seed": r.seed, "arrived": r.arrived,
                          "started": r.started, "ended": self.now, "tokens": r.tokens,
                          "prompt_tokens": len(r.prompt), "cached_tokens": r.cached_tokens,
-                         "retractions": r.retractions, "finish": finish_reason["type"]})
+                         "retractions": r.retractions, "prefill_tokens": r.computed_tokens,
+                         "finish": finish_reason["type"]})
         if r.on_done is not None:
             r.on_done(r, finish_reason)

@@ -21,7 +21,7 @@ from queue_rollout.bench.profiles import Profile, Scale, Shape
 from queue_rollout.errors import BadInput
 from queue_rollout.plan.headroom import Headroom, headroom, load_redis_costs
 from queue_rollout.plan.report import recommend, table, write_report
-from queue_rollout.plan.run import MODES, PLACEMENTS, PlanRun, Setting, run_plan
+from queue_rollout.plan.run import MODES, PLACEMENTS, SLOTS, PlanRun, Setting, run_plan
 from queue_rollout.plan.workload import farm_shapes, read_shapes, sample_manifest
 
 #: Batches a workload file is planned over unless ``--batches`` says otherwise.
@@ -44,6 +44,8 @@ class PlanArgs:
     max_staleness: tuple[int, ...] = ()  # () : the config's
     modes: tuple[str, ...] = MODES
     placements: tuple[str, ...] = ("any",)  # rollout.placement settings
+    slots: tuple[str, ...] = ("fixed",)  # fixed, adaptive (engine.adaptive_slots)
+    min_slots_per_replica: int = 1  # adaptive: the workers' lowest limit
     time_scale: float = 1.0
     token_scale: float = 1.0
     seed: int = 0  # which groups a workload file's sample draws
@@ -62,7 +64,8 @@ def plan_shape(base: Shape, args: PlanArgs, *, group_size: int | None = None,
     if group_size is not None and args.group_size not in (None, group_size):
         raise BadInput(f"--group-size {args.group_size}: the workload's groups have "
                        f"{group_size} members")
-    changes: dict[str, Any] = {"group_size": g}
+    changes: dict[str, Any] = {"group_size": g,
+                               "min_slots_per_replica": args.min_slots_per_replica}
     for flag, key in (("gpus", "replicas"), ("slots_per_replica", "slots_per_replica"),
                       ("batch_size", "batch_size"), ("train_s", "train_s")):
         if getattr(args, flag) is not None:
@@ -117,9 +120,15 @@ def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO | None = None
     if not args.placements or set(args.placements) - set(PLACEMENTS):
         raise BadInput(f"--placement: {', '.join(args.placements) or 'none given'}; choose "
                        f"from {', '.join(PLACEMENTS)}")
-    settings = [Setting(mode, s, placement) for mode in args.modes
+    if not args.slots or set(args.slots) - set(SLOTS):
+        raise BadInput(f"--slots: {', '.join(args.slots) or 'none given'}; choose from "
+                       f"{', '.join(SLOTS)}")
+    if args.min_slots_per_replica > shape.slots_per_replica:
+        raise BadInput(f"engine.min_slots_per_replica {args.min_slots_per_replica} is above "
+                       f"the {shape.slots_per_replica} slots per replica planned")
+    settings = [Setting(mode, s, placement, slots) for mode in args.modes
                 for s in (args.max_staleness or (default_staleness,))
-                for placement in args.placements]
+                for placement in args.placements for slots in args.slots]
     print(f"queue-rollout plan: {name}, {len(prompts)} groups of {shape.group_size}, "
           f"B={shape.batch_size}, {shape.replicas} GPUs x {shape.slots_per_replica} slots, "
           f"{shape.train_batches} trained batches ({shape.train_s * scale.time:g} s each); "
@@ -132,6 +141,7 @@ def run(args: PlanArgs, *, default_staleness: int = 2, out: TextIO | None = None
     # the baseline: group admission at the configured window, placing as configured
     groups = [r for r in rows if r["mode"] == "group"] or rows
     groups = [r for r in groups if r["placement"] == args.placements[0]] or groups
+    groups = [r for r in groups if r["slots"] == args.slots[0]] or groups
     base = next((r for r in groups if r["max_staleness"] == default_staleness), groups[0])
     best, advice = recommend(rows, base)
     lines = [advice, rooms[rows.index(best)].text()]

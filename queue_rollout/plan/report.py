@@ -27,11 +27,19 @@ PLACEMENT_COLUMNS = (("placement", "placement", "{}"),
                      ("cache_hit_rate", "cache hits", "{:.3f}"))
 
 
+#: Added when a setting has adaptive slots: the workers' limits, summed, time-averaged.
+SLOTS_COLUMNS = (("slots", "slots", "{}"), ("mean_slots_limit", "mean limit", "{:,.1f}"))
+
+
 def columns(rows: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
-    """The table's columns: the placement's when any row places groups."""
+    """The table's columns: the placement's when any row places groups, the slots'
+    when any row has adaptive slots."""
+    extra: tuple[tuple[str, str, str], ...] = ()
     if any(row.get("placement", "any") != "any" for row in rows):
-        return COLUMNS[:2] + PLACEMENT_COLUMNS + COLUMNS[2:]
-    return COLUMNS
+        extra += PLACEMENT_COLUMNS
+    if any(row.get("slots", "fixed") != "fixed" for row in rows):
+        extra += SLOTS_COLUMNS
+    return COLUMNS[:2] + extra + COLUMNS[2:]
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -69,7 +77,8 @@ def _speed(row: dict[str, Any]) -> float:
 def _name(row: dict[str, Any]) -> str:
     mode = "sample-level refill" if row["mode"] == "sample" else "group admission"
     placed = " with placement = \"group\"" if row.get("placement", "any") == "group" else ""
-    return f"{mode} at max_staleness {row['max_staleness']}{placed}"
+    adaptive = " and adaptive slots" if row.get("slots", "fixed") == "adaptive" else ""
+    return f"{mode} at max_staleness {row['max_staleness']}{placed}{adaptive}"
 
 
 def recommend(rows: list[dict[str, Any]], baseline: dict[str, Any]
@@ -79,10 +88,11 @@ def recommend(rows: list[dict[str, Any]], baseline: dict[str, Any]
     best_speed = min(_speed(r) for r in rows)
     fast = [r for r in rows if _speed(r) <= best_speed * (1 + TIE)]
     # among equally fast settings: the least stale, group admission, the smallest
-    # window, then the least prefill computed (placement)
+    # window, then the least prefill computed (placement), then fixed slots
     best = min(fast, key=lambda r: (r.get("mean_consumed_staleness") or 0.0,
                                     r["mode"] != "group", r["max_staleness"],
-                                    r.get("prefill_tokens_per_group") or 0.0))
+                                    r.get("prefill_tokens_per_group") or 0.0,
+                                    r.get("slots", "fixed") != "fixed"))
     what = ("mean rollout interval" if best.get("mean_rollout_interval_s") is not None
             else "time to complete every group")
     if best is baseline:
@@ -108,7 +118,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], lines: list[str],
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     labels = [f"{r['mode']}\ns={r['max_staleness']}"
-              + ("\nplaced" if r.get("placement", "any") == "group" else "") for r in rows]
+              + ("\nplaced" if r.get("placement", "any") == "group" else "")
+              + ("\nadaptive" if r.get("slots", "fixed") == "adaptive" else "") for r in rows]
     for name, key, ylabel in (
             ("interval", None, "mean rollout interval (s)"),
             ("staleness", "mean_consumed_staleness", "mean staleness of consumed groups")):

@@ -31,6 +31,7 @@ from queue_rollout.virtual.farm import SimFarm, SimReport
 
 MODES = ("group", "sample")
 PLACEMENTS = ("any", "group")
+SLOTS = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,13 @@ class Setting:
     mode: str
     max_staleness: int
     placement: str = "any"  # rollout.placement
+    slots: str = "fixed"  # fixed, adaptive (engine.adaptive_slots)
 
     @property
     def label(self) -> str:
         placed = ", groups placed on one replica" if self.placement == "group" else ""
-        return f"{self.mode} admission, max_staleness {self.max_staleness}{placed}"
+        adaptive = ", adaptive slots" if self.slots == "adaptive" else ""
+        return f"{self.mode} admission, max_staleness {self.max_staleness}{placed}{adaptive}"
 
 
 @dataclass
@@ -71,8 +74,9 @@ class PlanRun:
         mean = self.mean_staleness
         return {
             "mode": self.setting.mode, "max_staleness": self.setting.max_staleness,
-            "placement": self.setting.placement,
+            "placement": self.setting.placement, "slots": self.setting.slots,
             **figures,
+            "mean_slots_limit": round(self.report.mean_slots_limit, 1),
             "prefill_tokens_per_group": round(self.report.prefill_tokens / groups, 1),
             "cache_hit_rate": (round(self.report.cached_tokens / prefill, 4) if prefill
                                else None),
@@ -121,7 +125,7 @@ def run_setting(client: redis.Redis, shape: Shape, scale: Scale,
     """One setting's ideal schedule on *client* (a farm name of its own, deleted
     after), measured."""
     farm = (f"plan-{setting.mode}-{setting.max_staleness}-{setting.placement}-"
-            f"{uuid.uuid4().hex[:8]}")
+            f"{setting.slots}-{uuid.uuid4().hex[:8]}")
     tap = ObservationTap(client, Keys(farm).observations)
     polled_at = [time.monotonic()]
 
@@ -135,7 +139,7 @@ def run_setting(client: redis.Redis, shape: Shape, scale: Scale,
     started, before = time.monotonic(), read(client)
     report = ideal_schedule(client, shape, scale, prompts, setting.mode,
                             setting.max_staleness, farm, placement=setting.placement,
-                            on_progress=progress)
+                            adaptive=setting.slots == "adaptive", on_progress=progress)
     after = read(client)
     tap.poll()
     episodes = int(client.hget(Keys(farm).counters, "finished") or 0)

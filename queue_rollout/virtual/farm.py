@@ -43,7 +43,13 @@ from functools import partial
 
 from queue_rollout.engines.concurrency import KvSignal, SlotLimit
 from queue_rollout.engines.sglang import turn_rid
-from queue_rollout.engines.sim_model import PauseMode, SimModel, SimRequest, _h
+from queue_rollout.engines.sim_model import (
+    PauseMode,
+    SimModel,
+    SimRequest,
+    _h,
+    recomputed_tokens,
+)
 from queue_rollout.engines.tokens import Tokens
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.group_shapes import member_shape
@@ -80,6 +86,7 @@ class SimReport:
     output_tokens: int
     retractions: int = 0  # requests the replicas retracted (KV memory ran out)
     prefill_tokens: int = 0  # context tokens the replicas computed (recomputation included)
+    recomputed_tokens: int = 0  # of those, computed again (after a retraction)
     mean_in_flight: float = 0.0  # episodes holding a slot (tool waits too), time-averaged
     gpu_busy: float = 0.0  # share of replica time with a prefill or decode running
     cached_tokens: int = 0  # prompt tokens found in the replicas' prefix caches
@@ -265,6 +272,7 @@ class SimFarm:
             output_tokens=self.output_tokens,
             retractions=sum(r.counters.retracted_requests for r in self.replicas),
             prefill_tokens=sum(r.counters.prefill_tokens for r in self.replicas),
+            recomputed_tokens=sum(recomputed_tokens(r.log) for r in self.replicas),
             cached_tokens=sum(r.counters.cached_tokens for r in self.replicas),
             placements=self._placements(),
             mean_slots_limit=(self._limit_area / self._gen_time if self._gen_time

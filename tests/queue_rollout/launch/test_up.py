@@ -42,7 +42,8 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
                 assert [m["output_tokens"] for m in g["members"]] == [40, 80]
         status = json.loads(cli("status", "--json", "-c", str(toml)).stdout)
         assert list(status["workers"]["limits"].values()) == [2, 2]
-        assert (status["workers"]["alive"], status["workers"]["slots"]) == (2, 4) and status["version"] == 2
+        assert (status["workers"]["alive"], status["workers"]["slots"]) == (2, 4)
+        assert status["version"] == 2
         assert status["groups"]["consumed"] == 4
         paused = cli("pause", "-c", str(toml))
         assert paused.returncode == 0 and "every live worker confirmed" in paused.stdout
