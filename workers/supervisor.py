@@ -88,6 +88,7 @@ class Supervisor:
         self.adaptive = (AdaptiveLimit(e, self.client, self.worker_id)
                          if e.adaptive_slots else None)
         self.limit_file: LimitFile | None = None
+        self._started_at = time.time()  # the record keeps it through re-registrations
 
     # -- start -----------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ class Supervisor:
             "host": socket.gethostname(), "gpu": self.gpu, "replica": self.engine_url,
             "boot": self.boot_id, "replica_up": self._replica_up,
             "slots": self.limit,
-            "pid": os.getpid(), "started_at": time.time()})
+            "pid": os.getpid(), "started_at": self._started_at})
 
     @property
     def limit(self) -> int:

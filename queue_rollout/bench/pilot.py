@@ -34,6 +34,7 @@ import redis
 from rq import Queue, Worker
 
 from queue_rollout.bench.profiles import Profile, Scale, Shape, manifest_digest
+from queue_rollout.bench.redis_load import Window, read
 from queue_rollout.client.rollout import RolloutClient, stand_in_training
 from queue_rollout.config import Config, EngineConfig, RolloutConfig
 from queue_rollout.engines.sglang import episode_seed, turn_rid
@@ -78,6 +79,9 @@ class ModeRun:
     in_flight: list[tuple[float, int]] = field(default_factory=list)  # ledger's running
     batch_size: int = 0
     ideal: SimReport | None = None
+    #: the bench Redis's own counters from submission to the last batch (every process
+    #: of the farm, the trainer's calls too)
+    redis: Window | None = None
 
     @property
     def delivered_digest(self) -> str:
@@ -253,6 +257,7 @@ class Bench:
             farm.wait_ready(stop)
             wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), s.slots)
             batches = s.stop_after or -(-len(prompts) // s.batch_size)
+            redis_before = read(client.ledger.client)
             t0 = time.monotonic()
             client.submit(prompts)
             sampler = RunningSampler(client.ledger, t0, max(0.01, self.scale.time / 2))
@@ -275,6 +280,7 @@ class Bench:
                               f"{now:.2f}s")
                 view.show(k + 1, ready=f"{now:.1f}s")
             view.close()
+            run.redis = Window.between(redis_before, read(client.ledger.client))
             run.in_flight = sampler.stop()
             run.counters = client.ledger.counters()
             run.requests = self._requests(t0, t0 + run.all_work_s + 1.0)
@@ -617,6 +623,21 @@ def run_pilot(bench: Bench, profile: Profile, max_staleness: int, placement: str
                         runs["group"], runs["sample"])
     result["placement"] = placement
     return result, runs
+
+
+def run_audited(bench: Bench, profile: Profile, max_staleness: int,
+                variants: dict[str, dict[str, Any]]) -> dict[str, ModeRun]:
+    """Each variant (a name and :meth:`Bench.run_mode`'s ``mode`` and keyword arguments)
+    over one manifest, in order; audited. Raises :class:`InvariantViolation` listing
+    every problem the audit found."""
+    prompts = profile.manifest(bench.shape, bench.scale)
+    runs = {name: bench.run_mode(profile, kw["mode"], prompts, max_staleness,
+                                 **{k: v for k, v in kw.items() if k != "mode"})
+            for name, kw in variants.items()}
+    problems = audit(prompts, list(runs.values()))
+    if problems:
+        raise InvariantViolation(f"bench {profile.name}: audit failed: " + "; ".join(problems[:10]))
+    return runs
 
 
 def open_bench(workdir: Path | None, shape: Shape, scale: Scale, redis_url: str,

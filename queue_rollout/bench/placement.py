@@ -19,13 +19,12 @@ from typing import Any
 from queue_rollout.bench.pilot import (
     Bench,
     ModeRun,
-    audit,
     changes,
     mode_json,
+    run_audited,
     shape_json,
 )
 from queue_rollout.bench.profiles import Profile, Scale, Shape
-from queue_rollout.errors import InvariantViolation
 from queue_rollout.virtual.farm import long_tail_lengths
 
 LONG_PROMPT = Profile(
@@ -99,13 +98,9 @@ def _ratios(any_: dict[str, Any], grouped: dict[str, Any]) -> dict[str, float | 
 
 def run_long_prompt(bench: Bench, profile: Profile, max_staleness: int
                     ) -> tuple[dict[str, Any], dict[str, ModeRun]]:
-    """Both modes with each placement over one manifest; audited. Raises
-    :class:`InvariantViolation` listing every problem the audit found."""
-    prompts = profile.manifest(bench.shape, bench.scale)
-    runs = {f"{mode}/{placement}": bench.run_mode(profile, mode, prompts, max_staleness,
-                                                   placement=placement)
-            for mode, placement in RUNS}
-    problems = audit(prompts, list(runs.values()))
-    if problems:
-        raise InvariantViolation(f"bench {profile.name}: audit failed: " + "; ".join(problems[:10]))
+    """Both modes with each placement over one manifest; audited
+    (:func:`~.pilot.run_audited`)."""
+    runs = run_audited(bench, profile, max_staleness,
+                       {f"{mode}/{placement}": {"mode": mode, "placement": placement}
+                        for mode, placement in RUNS})
     return placement_json(profile, bench.shape, bench.scale, max_staleness, runs), runs

@@ -179,6 +179,7 @@ KV_ROWS = (  # (label, key, format)
     ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", ".2f"),
     ("mean running requests", "mean_running_requests", ".1f"),
     ("ideal_ratio", "ideal_ratio", ".3f"),
+    ("Redis commands per episode", "redis_commands_per_episode", ".1f"),
 )
 
 
@@ -190,8 +191,9 @@ def run_rows(result: dict[str, Any], spec: tuple[tuple[str, str, str], ...]
     for label, key, fmt in spec:
         row = [label]
         for run in result["runs"].values():
+            # the real stack's own figures have no ideal counterpart
             row += [_fmt(run.get(key), fmt), _fmt(run["ideal"].get(key), fmt)
-                    if key != "ideal_ratio" else ""]
+                    if key in run["ideal"] else ""]
         rows.append(row)
     return rows
 

@@ -48,7 +48,7 @@ QUEUED = "sglang:num_queue_reqs"
 RETRACTED = "sglang:num_retracted_requests_total"
 #: One sample line of the text format: a name, labels (quoted values may hold braces),
 #: a value (a timestamp may follow).
-_SAMPLE = re.compile(r'(?P<name>sglang:[A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?'
+_SAMPLE = re.compile(r'(?P<name>sglang[:_][A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?'
                      r"\s+(?P<value>\S+)")
 
 
@@ -66,7 +66,10 @@ def parse_metrics(text: str) -> KvSignal | None:
     """The signal in a Prometheus text exposition; None when it lacks token usage or the
     queue (a replica started without ``--enable-metrics`` answers 404, an old one may
     lack the retraction counter: it then counts as none). Several series of one name
-    (data-parallel ranks) add up; token usage takes the fullest."""
+    (ranks) add up, and token usage takes the fullest: the controller asks only
+    whether anything is queued or was retracted, which a sum over ranks that each
+    count the same requests still tells. ``sglang_`` names (as a router that rewrites
+    the colon serves them) read as ``sglang:`` ones."""
     usage: list[float] = []
     queued = retracted = 0.0
     found_queue = False
@@ -80,12 +83,13 @@ def parse_metrics(text: str) -> KvSignal | None:
             continue
         if not math.isfinite(value):
             continue
-        if m["name"] == TOKEN_USAGE:
+        name = "sglang:" + m["name"][len("sglang:"):]
+        if name == TOKEN_USAGE:
             usage.append(value)
-        elif m["name"] == QUEUED:
+        elif name == QUEUED:
             queued += value
             found_queue = True
-        elif m["name"] == RETRACTED:
+        elif name == RETRACTED:
             retracted += value
     if not usage or not found_queue:
         return None

@@ -66,7 +66,7 @@ def test_status_json_has_the_design_shape(tmp_path, redis_url, make_ledger, caps
     s = json.loads(capsys.readouterr().out)
     assert s["mode"] == "sample" and (s["capacity"], s["reserved"]) == (6, 2)
     assert s["active_episodes"] == 1 and s["groups"]["pending"] == 2
-    assert s["groups"]["in_flight"] == 1 and set(s["workers"]) == {"alive", "slots"}
+    assert s["groups"]["in_flight"] == 1 and set(s["workers"]) == {"alive", "slots", "limits"}
     assert main(["status", "-c", str(path)]) == 0
     assert ("slots     2/6 reserved, 1 running (1 generating, 0 in a tool wait), 0 doubtful"
             in capsys.readouterr().out)

@@ -65,6 +65,8 @@ def test_parse_reads_sglang_s_text_format_series_by_series():
         "sglang:num_running_reqs 3.0",
     ])
     assert parse_metrics(text) == KvSignal(0.75, 3, 7)
+    # as a router that rewrites the colon serves them
+    assert parse_metrics(text.replace("sglang:", "sglang_")) == KvSignal(0.75, 3, 7)
 
 
 def test_parse_without_usage_or_queue_is_none_and_without_retractions_counts_none():

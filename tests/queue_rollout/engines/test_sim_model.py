@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from queue_rollout.engines.sim_model import DuplicateRid, SimModel, SimRequest
+from queue_rollout.engines.sim_model import DuplicateRid, SimModel, SimRequest, recomputed_tokens
 
 
 def model(slots: int = 4) -> SimModel:
@@ -100,3 +100,24 @@ def test_an_rid_in_flight_is_refused_and_free_again_once_ended():
     m.abort("a")
     m.submit(request("a", 0, ended))  # the probe: max_new_tokens 0 ends at once
     assert ended["a"] == (0, "length")
+
+
+def test_the_request_log_counts_each_request_s_prefill_and_what_a_retraction_recomputes():
+    """Four requests that outgrow the pool: a retracted one computes its context again
+    when it runs again; one never retracted computes its prompt less its cache hit."""
+    model = SimModel(slots=4, step_ms=1.0, step_ms_per_request=0.0, now=0.0,
+                     max_total_tokens=4096, chunked_prefill_size=1024)
+    for i in range(4):
+        model.submit(SimRequest(f"r{i}", seed=i, target=1500, weight_version="",
+                                prompt=list(range(i * 100, i * 100 + 10))))
+    model.advance(60.0)
+    assert len(model.log) == 4 and model.counters.retracted_requests > 0
+    assert sum(e["prefill_tokens"] for e in model.log) == model.counters.prefill_tokens
+    for e in model.log:
+        first = e["prompt_tokens"] - e["cached_tokens"]
+        if e["retractions"] == 0:
+            assert e["prefill_tokens"] == first
+        else:  # its prompt and the output it had made, computed again
+            assert e["prefill_tokens"] > first + e["retractions"]
+    retracted = [e for e in model.log if e["retractions"]]
+    assert recomputed_tokens(model.log) == recomputed_tokens(retracted) > 0

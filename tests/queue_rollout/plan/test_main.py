@@ -87,6 +87,7 @@ def test_a_workload_file_plans_its_own_group_size(tmp_path: Path,
     (["--max-staleness", "1,x"], "not a comma-separated list"),
     (["--modes", "group,fast"], "unknown mode(s) fast"),
     (["--placement", "any,replica"], "unknown placement(s) replica"),
+    (["--slots", "fixed,elastic"], "unknown slot setting(s) elastic"),
     (["--gpus", "1", "--slots-per-replica", "4"], "a group of 8 members does not fit "
                                                   "the farm's 4 slots"),
 ])
@@ -131,6 +132,23 @@ def test_placement_settings_are_rows_with_the_prefill_they_compute(
                  "--time-scale", "0.1", "--token-scale", "0.125"]) == 0
     header = capsys.readouterr().out.splitlines()[0].split()
     assert header[:5] == ["mode", "stale", "placement", "prefill/group", "cache"]
+
+
+def test_slot_settings_are_rows_and_adaptive_limits_follow_a_full_pool(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--slots fixed,adaptive on kv-pressure under refill: a row each, the table's slot
+    columns; the limits fall below the slots where the pools fill."""
+    argv = ["plan", "--profile", "kv-pressure", "--modes", "sample", "--max-staleness", "7",
+            "--slots", "fixed,adaptive", "--time-scale", "0.1", "--token-scale", "0.125"]
+    assert main([*argv, "--json"]) == 0
+    fixed, adaptive = rows(capsys)
+    assert (fixed["slots"], adaptive["slots"]) == ("fixed", "adaptive")
+    assert fixed["mean_slots_limit"] == 128 and fixed["retractions"] > 0
+    assert adaptive["mean_slots_limit"] < 128
+    assert adaptive["retractions"] <= fixed["retractions"]
+    assert main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[:5] == ["mode", "stale", "slots", "mean", "limit"]
 
 
 @pytest.mark.timeout(120)
