@@ -14,8 +14,10 @@ What a replica that cannot tell its KV room does:
 - **No** ``/metrics`` (HTTP 404: SGLang started without ``--enable-metrics``): logged
   once; the limit stays ``slots_per_replica``. It is looked at again every
   ``NO_METRICS_RETRY_S`` (a replica restarted with metrics is followed again).
-- **Unreachable** ``/metrics`` (down, timed out, not Prometheus text): the last limit is
-  kept and the failure logged, once per outage.
+- **No KV metrics** in an answer (no ``sglang:token_usage`` or
+  ``sglang:num_queue_reqs``): as for a 404.
+- **Unreachable** ``/metrics`` (down, timed out, an HTTP error other than 404): the
+  last limit is kept and the failure logged, once per outage.
 """
 
 from __future__ import annotations

@@ -174,10 +174,11 @@ class EpisodeProcess:
             if time.monotonic() >= next_beat:
                 self._rq_heartbeat()
                 next_beat = time.monotonic() + RQ_HEARTBEAT_S
-            if self.busy >= self.gate.share():  # at the limit: wait, no Redis call
-                self.stopping.wait(GATE_READ_S)
-                continue
             if not self.free.acquire(timeout=1.0):  # every slot busy: wait, no Redis call
+                continue
+            if self.busy >= self.gate.share():  # under a lower limit: wait, no Redis call
+                self.free.release()
+                self.stopping.wait(GATE_READ_S)
                 continue
             aid = None
             while aid is None and not self.stopping.is_set():

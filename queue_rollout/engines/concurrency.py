@@ -20,10 +20,11 @@ by additive increase and multiplicative decrease (AIMD):
   at its own pace, more would only wait).
 
 The mark is 0.90 of the pool: SGLang retracts when the next decode step does not fit,
-that is at a usage of 1.0 less a few tokens per running request, so 0.90 leaves one
-look's growth of 16 decoding requests (16 x about 130 tokens a second) on pools of more
-than 21,000 tokens, and it stays above the ~0.7 that SGLang's own admission estimate
-(``new_token_ratio``) lets a replica fill to before decoding grows it.
+that is at a usage of 1.0 less a few tokens per running request, so 0.90 leaves room
+for one look's growth of 16 decoding requests (16 x about 130 tokens a second) on pools
+of more than 21,000 tokens. A lower mark acts earlier and retracts less, but holds
+slots back from replicas whose long requests would have fitted: the benchmarks give
+both sides.
 
 Running episodes are never stopped for a lower limit: the limit applies to the next
 job a slot would take. The controller is a pure function of its samples (no clock, no

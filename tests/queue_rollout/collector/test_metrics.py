@@ -100,3 +100,21 @@ def test_the_exposition_passes_promtool_check_metrics(r, clock):
     text = FarmMetrics(ledger, config).exposition()
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
     assert check.returncode == 0, (check.stdout + check.stderr).decode()
+
+
+def test_each_live_worker_s_slots_are_a_series_of_their_own(r):
+    from queue_rollout.ledger.registry import Registry
+
+    config = msgspec.convert({"farm": {"name": "ws"}, "rollout": {
+        "group_size": 2, "max_concurrent_samples": "auto"}}, Config)
+    ledger = Ledger.from_config(r, config)
+    registry = Registry(r, ledger.keys, config.timeouts.lease)
+    registry.register("n1-gpu0", {"slots": 16})
+    registry.register("n1-gpu1", {"slots": 3})  # its adaptive limit
+    text = FarmMetrics(ledger, config).exposition().decode()
+    assert 'queue_rollout_worker_slots{worker="n1-gpu0"} 16.0' in text
+    assert 'queue_rollout_worker_slots{worker="n1-gpu1"} 3.0' in text
+    assert sample(text, "sample_slots") == 19  # "auto": their sum
+    registry.deregister("n1-gpu1")
+    text = FarmMetrics(ledger, config).exposition().decode()
+    assert 'worker="n1-gpu1"' not in text and sample(text, "sample_slots") == 16

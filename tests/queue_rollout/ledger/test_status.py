@@ -56,3 +56,23 @@ def test_a_farm_that_places_groups_shows_what_placement_did(r: redis.Redis, cloc
             "queue; 1 admissions waited for free slots on the replicas") in format_status(s)
     unplaced = farm_status(r, Config(farm=FarmConfig(name="t")), redis_url="x")
     assert "placement groups" not in format_status(unplaced)
+
+
+def test_each_worker_s_limit_is_shown_and_auto_capacity_is_their_sum(r: redis.Redis) -> None:
+    from queue_rollout.config import RolloutConfig
+    from queue_rollout.ledger.keys import Keys
+    from queue_rollout.ledger.registry import Registry
+
+    config = Config(farm=FarmConfig(name="t"),
+                    rollout=RolloutConfig(max_concurrent_samples="auto"))
+    registry = Registry(r, Keys("t"), config.timeouts.lease)
+    registry.register("n1-gpu0", {"slots": 16})
+    registry.register("n1-gpu1", {"slots": 16})
+    same = farm_status(r, config, redis_url="x")
+    assert same["workers"]["limits"] == {"n1-gpu0": 16, "n1-gpu1": 16}
+    assert "workers   2 alive, 32 slots\n" in format_status(same)  # no range when equal
+    registry.register("n1-gpu1", {"slots": 5})  # its limit fell
+    s = farm_status(r, config, redis_url="x")
+    assert s["workers"] == {"alive": 2, "slots": 21, "limits": {"n1-gpu0": 16, "n1-gpu1": 5}}
+    assert s["capacity"] == 21
+    assert "workers   2 alive, 21 slots (limits 5 to 16 per worker)" in format_status(s)
