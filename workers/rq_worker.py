@@ -134,6 +134,7 @@ class EpisodeProcess:
         self._busy_lock = threading.Lock()
         self.stopping = threading.Event()
         self._dequeuing = False  # the main thread waits in BLMOVE
+        self._next_beat = 0.0  # when RQ's worker records are refreshed next
         self._url = client_url(client)
 
     # -- the loop ----------------------------------------------------------------------
@@ -169,11 +170,9 @@ class EpisodeProcess:
             raise _StopDequeue
 
     def _dequeue_loop(self) -> None:
-        next_beat = time.monotonic() + RQ_HEARTBEAT_S
+        self._next_beat = time.monotonic() + RQ_HEARTBEAT_S
         while not self.stopping.is_set():
-            if time.monotonic() >= next_beat:
-                self._rq_heartbeat()
-                next_beat = time.monotonic() + RQ_HEARTBEAT_S
+            self._beat_when_due()
             if not self.free.acquire(timeout=1.0):  # every slot busy: wait, no Redis call
                 continue
             if self.busy >= self.gate.share():  # under a lower limit: wait, no Redis call
@@ -182,9 +181,7 @@ class EpisodeProcess:
                 continue
             aid = None
             while aid is None and not self.stopping.is_set():
-                if time.monotonic() >= next_beat:
-                    self._rq_heartbeat()
-                    next_beat = time.monotonic() + RQ_HEARTBEAT_S
+                self._beat_when_due()
                 self._await_replica()
                 aid = self._take()
             if aid is None:
@@ -308,6 +305,12 @@ class EpisodeProcess:
         pipe.lpush(self.queue_key, aid)
         self._best_effort(f"job {aid}: could not give it back (the reconciler will)",
                           pipe.execute)
+
+    def _beat_when_due(self) -> None:
+        """RQ's worker records, refreshed every ``RQ_HEARTBEAT_S``."""
+        if time.monotonic() >= self._next_beat:
+            self._rq_heartbeat()
+            self._next_beat = time.monotonic() + RQ_HEARTBEAT_S
 
     def _rq_heartbeat(self) -> None:
         pipe = self.client.pipeline(transaction=False)

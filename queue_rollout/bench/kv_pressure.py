@@ -15,6 +15,7 @@ with adaptive slots has ``"auto"`` capacity, so admission follows the limits.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -125,14 +126,38 @@ def controls(redis_url: str, scale: Scale) -> dict[str, Any]:
     return out
 
 
+#: A pool no run fills: what the same schedule takes when memory is never short.
+UNLIMITED_POOL = 10**9
+
+
+def unlimited_pool(redis_url: str, shape: Shape, scale: Scale, profile: Profile,
+                   max_staleness: int) -> dict[str, Any]:
+    """The most any controller could save: each mode's ideal schedule with fixed slots
+    and a pool no run fills; all-work and retractions (none)."""
+    unlimited = dataclasses.replace(shape, max_total_tokens=UNLIMITED_POOL)
+    prompts = profile.manifest(unlimited, scale)
+    client = connect(redis_url)
+    try:
+        reports = {mode: ideal_schedule(client, unlimited, scale, prompts, mode,
+                                        max_staleness,
+                                        f"kv-unlimited-{mode}-{uuid.uuid4().hex[:8]}")
+                   for mode in ("group", "sample")}
+    finally:
+        client.close()
+    return {mode: {"all_work_completion_s": round(r.all_work_s, 3),
+                   "retractions": r.retractions} for mode, r in reports.items()}
+
+
 def run_kv_pressure(bench: Bench, profile: Profile, max_staleness: int
                     ) -> tuple[dict[str, Any], dict[str, ModeRun]]:
     """Both modes with fixed and adaptive slots over one manifest, audited
-    (:func:`~.pilot.run_audited`); and the long-tail and equal controls
-    (:func:`controls`)."""
+    (:func:`~.pilot.run_audited`); the same schedules with a pool no run fills
+    (:func:`unlimited_pool`); and the long-tail and equal controls (:func:`controls`)."""
     runs = run_audited(bench, profile, max_staleness,
                        {f"{mode}/{slots}": {"mode": mode, "adaptive": slots == "adaptive"}
                         for mode, slots in RUNS})
     result = kv_pressure_json(profile, bench.shape, bench.scale, max_staleness, runs)
+    result["unlimited_pool"] = unlimited_pool(bench.redis_url, bench.shape, bench.scale,
+                                              profile, max_staleness)
     result["controls"] = controls(bench.redis_url, bench.scale)
     return result, runs

@@ -232,6 +232,12 @@ def kv_text(result: dict[str, Any]) -> str:
                      f"{_change(ch['retractions'])}, all-work "
                      f"{_change(ch['all_work_completion_s'])}, tokens/s "
                      f"{_change(ch['tokens_per_s'])}")
+    for mode, u in result["unlimited_pool"].items():
+        fixed = result["runs"][f"{mode}/fixed"]["ideal"]["all_work_completion_s"]
+        lines.append(f"  {mode} admission with a pool no run fills (ideal, fixed slots): "
+                     f"all-work {u['all_work_completion_s']:.2f} s against {fixed:.2f} s "
+                     f"({_change(u['all_work_completion_s'] / fixed - 1)}): the most any "
+                     "controller could save")
     for name, c in result["controls"].items():
         lines.append(f"  control {name} (shipped pool, ideal): all-work {c['fixed_all_work_s']:.2f}"
                      f" s fixed, {c['adaptive_all_work_s']:.2f} s adaptive "

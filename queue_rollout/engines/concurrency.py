@@ -22,9 +22,8 @@ by additive increase and multiplicative decrease (AIMD):
 The mark is 0.90 of the pool: SGLang retracts when the next decode step does not fit,
 that is at a usage of 1.0 less a few tokens per running request, so 0.90 leaves room
 for one look's growth of 16 decoding requests (16 x about 130 tokens a second) on pools
-of more than 21,000 tokens. A lower mark acts earlier and retracts less, but holds
-slots back from replicas whose long requests would have fitted: the benchmarks give
-both sides.
+of more than 21,000 tokens. A lower mark would act earlier, but hold slots back
+from replicas whose long requests would have fitted.
 
 Running episodes are never stopped for a lower limit: the limit applies to the next
 job a slot would take. The controller is a pure function of its samples (no clock, no

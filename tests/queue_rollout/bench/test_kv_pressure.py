@@ -85,6 +85,10 @@ def test_a_small_kv_pressure_bench_runs_four_audited_runs(tmp_path, redis_server
     assert result["runs"]["sample/fixed"]["ideal"]["retractions"] > 0
     assert result["runs"]["sample/adaptive"]["ideal"]["limit_changes"] > 0
     assert set(result["change"]) == {"group", "sample"}
+    for mode, u in result["unlimited_pool"].items():  # memory never short: no retraction
+        assert u["retractions"] == 0
+        assert u["all_work_completion_s"] <= (
+            result["runs"][f"{mode}/fixed"]["ideal"]["all_work_completion_s"])
     assert result["controls"] == {}
     json.dumps(result)
     text, md = kv_text(result), kv_markdown(result)
