@@ -28,6 +28,13 @@ class BadInput(QueueRolloutError):
     exit_code = 2
 
 
+class FarmBusy(QueueRolloutError):
+    """Another live process owns this farm's ``state_dir`` (``up``, ``demo``, ``node``);
+    nothing was started or changed."""
+
+    exit_code = 2
+
+
 class InvariantViolation(QueueRolloutError):
     """The ledger disagrees with itself (see ``queue-rollout doctor``)."""
 

@@ -1,8 +1,19 @@
-"""Child processes: stop them cleanly, and keep supervised ones running."""
+"""Child processes: started so that they die with their parent, stopped cleanly, and
+kept running when supervised.
+
+Every process the package starts goes through :func:`spawn`. On Linux the child asks
+the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so a launcher killed
+with SIGKILL takes its whole tree with it: each child stops as on SIGTERM and, doing
+so, stops its own children. The signal fires when the *thread* that started the child
+ends, so children are started from a thread that lives as long as they should: the
+launchers' main loops.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +28,36 @@ from queue_rollout.config import EngineConfig
 
 log = logging.getLogger(__name__)
 HEALTHY_S = 10.0  # a child that ran this long before it died restarts without backoff
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# resolved now: the child calls it between fork and exec, where a symbol lookup could
+# wait on a loader lock that another thread of the parent held at the fork
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def die_with_parent(parent: int) -> bool:
+    """Ask for SIGTERM when the parent dies; False if *parent* (the pid that started
+    this process) is already gone, having died before the request was made."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    return os.getppid() == parent
+
+
+def _exit_unless_parent(parent: int) -> None:
+    """In the child between fork and exec: never start the program for a dead parent."""
+    if not die_with_parent(parent):
+        os._exit(1)
+
+
+def spawn(argv: list[str], **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **popen)`` for a child that dies with this process (and
+    with the thread that calls this: see the module's text)."""
+    parent = os.getpid()
+    # preexec_fn with threads about: the function takes no lock (one system call
+    # through a pointer resolved at import, getppid, _exit)
+    return subprocess.Popen(argv, preexec_fn=lambda: _exit_unless_parent(parent),  # noqa: PLW1509
+                            **popen)
 
 
 def cli_exe() -> str:
@@ -80,10 +121,10 @@ class Supervised:
             if self.before_start is not None:
                 self.before_start(self)
             if self.log_path is None:
-                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
+                self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL)
             else:
                 with self.log_path.open("ab") as log_file:
-                    self.proc = subprocess.Popen(self.argv, env=self.env,
-                                                 stdout=subprocess.DEVNULL, stderr=log_file)
+                    self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL,
+                                      stderr=log_file)
             self.started_at = now
             log.info("%s started (pid %d)", self.name, self.proc.pid)

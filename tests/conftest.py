@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server per test session, a clean database per test.
+"""Shared fixtures: a private redis-server per test session, a clean database per test;
+the Hypothesis profile (``HYPOTHESIS_PROFILE``: ``fast`` by default, ``ci`` in CI).
 
 The server is started by the same launcher the embedded farm uses
 (:class:`queue_rollout.ledger.embedded.EmbeddedRedis`) on a free port; it never touches the
@@ -7,16 +8,24 @@ machine's own Redis on 6379.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from hypothesis import settings
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.virtual.clock import ManualClock
+
+# fast: the same examples every run, fewer of them (testkit.examples); ci: new ones from a
+# new seed each run, as many as each test asks for
+settings.register_profile("fast", derandomize=True, database=None, deadline=None)
+settings.register_profile("ci", database=None, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
 @pytest.fixture(scope="session")

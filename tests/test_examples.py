@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from queue_rollout.config import load_config
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Ledger
@@ -17,6 +19,7 @@ from testkit import farm_up, write_up_farm
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
 def test_the_trainer_loop_example_trains_pushes_weights_and_raises_versions(tmp_path):
     toml = write_up_farm(tmp_path / "farm.toml", "ex", tmp_path / "state", slots=4,
                       metrics_port=free_port(),

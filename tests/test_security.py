@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import msgspec
+import pytest
 
 import queue_rollout
 from queue_rollout.ledger.embedded import free_port
@@ -45,6 +46,7 @@ def _listening(pids: set[int]) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.e2e
 def test_every_endpoint_of_a_farm_listens_on_loopback_by_default(tmp_path):
     """`up` runs Redis, the collector's /metrics and /healthz, and sim replicas; every
     socket they listen on is 127.0.0.1 (a listener on 0.0.0.0 or :: fails this)."""

@@ -299,6 +299,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
             "slots_leaked": counters.get("reserved", 0), "results_lost": 0}
 
 
+@pytest.mark.e2e
 def test_short_soak(tmp_path):
     figures = run_soak(tmp_path, groups=40, seed=1)
     print("soak figures:", json.dumps(figures))

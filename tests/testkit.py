@@ -23,6 +23,12 @@ from queue_rollout.procs import Supervised, cli_exe, stop_all
 T = TypeVar("T")
 
 
+def examples(ci: int) -> int:
+    """Hypothesis examples for a test that wants *ci* of them in CI: a quarter (at least
+    10) under the fast tier's profile (conftest.py)."""
+    return ci if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else max(10, ci // 4)
+
+
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition",
              tick: Callable[[], object] | None = None, every: float = 0.1) -> T:
     """Poll *predicate* until it returns something true and return that; fail the test

@@ -40,7 +40,7 @@ from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.outbox import episode_queue
-from queue_rollout.procs import stop_all
+from queue_rollout.procs import spawn, stop_all
 
 GROUP, BATCH = 8, 16  # the reference shape: a batch is 16 groups of 8
 
@@ -81,8 +81,8 @@ def run_plain(redis_url: str, workers: int, jobs: int, tag: str) -> float:
     """Seconds for *jobs* no-op jobs through plain RQ with *workers* SimpleWorker processes."""
     client = connect(redis_url)
     queue = Queue(f"plain-{tag}", connection=client, serializer=JSONSerializer)
-    procs = [subprocess.Popen([sys.executable, "-P", "-m", "queue_rollout.bench.control_plane",
-                               redis_url, queue.name], stdout=subprocess.DEVNULL)
+    procs = [spawn([sys.executable, "-P", "-m", "queue_rollout.bench.control_plane",
+                    redis_url, queue.name], stdout=subprocess.DEVNULL)
              for _ in range(workers)]
     try:
         wait_for_rq_workers(queue, workers)

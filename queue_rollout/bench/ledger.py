@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from queue_rollout.config import Placement, RolloutConfig
 from queue_rollout.ledger.core import Admission, Ledger
 from queue_rollout.ledger.durable import WaitPolicy
 from queue_rollout.ledger.embedded import EmbeddedRedis, replica_of
+from queue_rollout.procs import die_with_parent
 
 GROUP = 8
 FARM = "bench"
@@ -84,8 +86,10 @@ def segment_kinds(rounds: int) -> list[str]:
     return [k for r in range(rounds) for k in (pair if r % 2 == 0 else pair[::-1])]
 
 
-def _client(url: str, index: int, t0: float, segment_s: float, rounds: int,
+def _client(parent: int, url: str, index: int, t0: float, segment_s: float, rounds: int,
             wait_replicas: int, placement: Placement, out: mp.Queue[dict[str, int]]) -> None:
+    if not die_with_parent(parent):
+        return
     client = redis.Redis.from_url(url)
     ledger = Ledger(client, FARM, _rollout(placement), wait=WaitPolicy(wait_replicas))
     trivial = client.register_script("return 1")
@@ -211,7 +215,7 @@ def run_ledger_bench(*, clients: int = 8, seconds: float = 6.0, rounds: int = 3,
         out: mp.Queue[dict[str, int]] = ctx.Queue()
         t0 = time.time() + 2.0  # spawn and import before the first segment
         procs = [ctx.Process(target=_client,
-                             args=(server.url, i, t0, segment_s, rounds, wait_replicas,
+                             args=(os.getpid(), server.url, i, t0, segment_s, rounds, wait_replicas,
                                    placement, out))
                  for i in range(clients)]
         for p in procs:

@@ -7,15 +7,14 @@ token; what it pays for is each request's arrival, prefix match, prefill and end
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from queue_rollout.ledger.embedded import free_port
+from queue_rollout.procs import cli_exe, spawn
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -62,12 +61,11 @@ def _metrics(url: str) -> dict[str, float]:
 def run_sim_replica_bench(*, requests: int = 128, seconds: float = 60.0) -> SimReplicaResult:
     from queue_rollout.engines.sglang import EngineError, SGLangClient
 
-    exe = shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([exe, "sim-engine", "--port", str(port), "--slots", str(requests),
+    proc = spawn([cli_exe(), "sim-engine", "--port", str(port), "--slots", str(requests),
                              "--step-ms", "4.5", "--step-ms-per-request", "0.2"],
-                            stdout=subprocess.PIPE, text=True)
+                 stdout=subprocess.PIPE, text=True)
     stop = threading.Event()
     try:
         assert proc.stdout is not None

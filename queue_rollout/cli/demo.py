@@ -25,6 +25,7 @@ import msgspec
 
 from queue_rollout.client.rollout import RolloutClient, stand_in_training
 from queue_rollout.config import Config
+from queue_rollout.launch.owner import Owner
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
@@ -141,6 +142,11 @@ def run_stack_demo(base: Config, out: TextIO = sys.stdout, *, verbose: bool = Fa
     """Both modes on the real stack, then the summary. Every process's log goes under
     ``<state_dir>/demo/logs`` (the terminal shows them with *verbose*)."""
     root = Path(base.farm.state_dir).resolve() / "demo"
+    with Owner(root.with_suffix(".lock"), f"a demo is already running in {root}"):
+        return _run_stack_demo(base, root, out, verbose)
+
+
+def _run_stack_demo(base: Config, root: Path, out: TextIO, verbose: bool) -> int:
     shutil.rmtree(root, ignore_errors=True)
     logs = root / "logs"
     if not verbose:

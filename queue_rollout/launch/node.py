@@ -31,6 +31,7 @@ from pathlib import Path
 
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import ConfigError
+from queue_rollout.launch.owner import Owner
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.shape import check_shape
 from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
@@ -159,18 +160,20 @@ def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     replica_argv(config, gpus[0], config.engine.base_port, "check")  # refuse bad config now
-    check_shape(connect_config(config), config)  # and a config the farm does not run
     state = Path(config.farm.state_dir) / "node"
-    node = Node(config, state / "node.toml", gpus, state)
-    first = config.engine.base_port
-    print(f"node: {len(gpus)} GPUs ({', '.join(map(str, gpus))}), {config.engine.kind} "
-          f"replicas on ports {first}..{first + len(gpus) - 1}; "
-          f"boot ids in {state / 'boots.jsonl'}; Ctrl-C stops it", flush=True)
-    try:
-        while not stop.is_set():
-            node.step()
-            stop.wait(poll_s)
-    finally:
-        node.stop()
+    with Owner(state / "node.lock",
+               f"a node of farm {config.farm.name} is already running on {state}"):
+        check_shape(connect_config(config), config)  # and a config the farm does not run
+        node = Node(config, state / "node.toml", gpus, state)
+        first = config.engine.base_port
+        print(f"node: {len(gpus)} GPUs ({', '.join(map(str, gpus))}), {config.engine.kind} "
+              f"replicas on ports {first}..{first + len(gpus) - 1}; "
+              f"boot ids in {state / 'boots.jsonl'}; Ctrl-C stops it", flush=True)
+        try:
+            while not stop.is_set():
+                node.step()
+                stop.wait(poll_s)
+        finally:
+            node.stop()
     print("node: stopped", flush=True)
     return 0

@@ -24,11 +24,12 @@ import msgspec
 
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import ConfigError, QueueRolloutError
+from queue_rollout.launch.owner import Owner
 from queue_rollout.ledger.connection import connect_config, mask_url
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
-from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
+from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, spawn, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def start_sim_engines(config: Config, config_path: Path,
         # between choosing and binding it; a restart asks for the same port again
         with contextlib.ExitStack() as files:
             stderr = None if log_path is None else files.enter_context(log_path.open("ab"))
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+            proc = spawn(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
         line = proc.stdout.readline() if proc.stdout else ""
         match = re.search(r"http://[\d.]+:(\d+)", line)
         if not match:
@@ -168,16 +169,17 @@ def run_up(config: Config, *, stop: threading.Event | None = None,
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    farm = LocalFarm(config, Path(config.farm.state_dir) / "up.toml",
-                     request_log_dir=request_log_dir)
-    url = farm.start()
-    try:
-        farm.wait_ready(stop)
-        print(f"farm {config.farm.name} up: redis {mask_url(url)}, {len(farm.workers)} workers, "
-              f"metrics http://{config.metrics.host}:{config.metrics.port}/metrics; "
-              "Ctrl-C stops it", flush=True)
-        while not stop.wait(0.5):
-            farm.keep()
-    finally:
-        farm.stop()
+    state = Path(config.farm.state_dir)
+    with Owner(state / "farm.lock", f"farm {config.farm.name} is already up"):
+        farm = LocalFarm(config, state / "up.toml", request_log_dir=request_log_dir)
+        try:
+            url = farm.start()
+            farm.wait_ready(stop)
+            print(f"farm {config.farm.name} up: redis {mask_url(url)}, {len(farm.workers)} "
+                  f"workers, metrics http://{config.metrics.host}:{config.metrics.port}/metrics;"
+                  " Ctrl-C stops it", flush=True)
+            while not stop.wait(0.5):
+                farm.keep()
+        finally:
+            farm.stop()
     return 0

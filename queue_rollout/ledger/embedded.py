@@ -21,7 +21,7 @@ import redis
 
 from queue_rollout.errors import EmbeddedRedisError
 from queue_rollout.ledger.connection import url_file
-from queue_rollout.procs import stop_all
+from queue_rollout.procs import spawn, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,8 @@ class EmbeddedRedis:
         last_words = ""
         for _ in range(1 if self._requested_port else 5):
             self.port = self._requested_port or free_port()
-            self.proc = subprocess.Popen(
-                self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            self.proc = spawn(self.command(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
             if self._wait_ready(timeout):
                 break
             self.kill()

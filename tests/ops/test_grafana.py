@@ -276,6 +276,7 @@ class Trainer(threading.Thread):
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)
+@pytest.mark.e2e
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, redis_url):
     metrics_port, prom_port = free_port(), free_port()
     toml = tmp_path / "farm.toml"

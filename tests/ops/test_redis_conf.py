@@ -200,6 +200,7 @@ def acl_log(client: redis.Redis) -> list[dict]:
 # -- a. the server accepts ops/redis.conf and runs hardened ---------------------------
 
 
+@pytest.mark.e2e
 def test_redis_server_runs_on_ops_conf_with_aof_protected_mode_and_no_default_user(
         ops_redis, admin):
     cfg = admin.config_get("*")
@@ -258,6 +259,7 @@ def test_the_template_acl_refuses_to_start_until_its_placeholders_are_filled(tmp
     assert "password hash must be exactly 64 characters" in proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 def test_the_ledger_survives_a_redis_crash_and_aof_replay_under_these_acls(tmp_path):
     """Redis replays its AOF as the *default* user and re-checks ACLs at each EXEC
     (redis/redis#14541, fixed only in later releases): with the default user stripped of
@@ -315,6 +317,7 @@ def test_the_ledger_survives_a_redis_crash_and_aof_replay_under_these_acls(tmp_p
 # -- b. the farm end to end, each component as its own ACL user ----------------------
 
 
+@pytest.mark.e2e
 def test_the_farm_runs_end_to_end_as_collector_worker_and_trainer_users(
         ops_redis, admin, tmp_path):
     admin.acl_log_reset()
@@ -454,6 +457,7 @@ def test_each_user_is_refused_outside_its_scope(ops_redis, admin):
     assert admin.config_get("appendonly")["appendonly"] == "yes"  # nothing got through
 
 
+@pytest.mark.e2e
 def test_the_example_sentinel_conf_starts_a_sentinel_that_asks_for_its_password(tmp_path):
     """ops/sentinel.conf, with the addresses, directory and placeholders of this machine,
     starts a Sentinel that watches qr-prod and refuses clients without its password."""

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from queue_rollout.config import Config, decode_config, load_config, to_toml
 from queue_rollout.errors import ConfigError
+from testkit import examples
 
 
 def test_defaults_are_the_design_defaults():
@@ -245,7 +246,7 @@ def test_unreadable_toml_is_a_config_error(data, message):
 
 # -- fuzzing the decoder: a Config or a ConfigError naming a key, nothing else -----------
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=examples(200), derandomize=True)
 SECTIONS = {name: list(typing.get_type_hints(Config)[name].__struct_fields__)
             for name in Config.__struct_fields__}
 FIELDS = sorted({f for fields in SECTIONS.values() for f in fields} | {"sampling"})

@@ -1,12 +1,20 @@
-"""Supervised children: restarted with backoff that doubles in a crash loop and starts
-over after a child that ran healthy for a while (the clock is passed in)."""
+"""Child processes: they die with their parent, however it dies; supervised ones are
+restarted with backoff that doubles in a crash loop and starts over after a child that
+ran healthy for a while (the clock is passed in)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
-from queue_rollout.procs import HEALTHY_S, Supervised
+import pytest
+
+from queue_rollout.ledger.embedded import free_port
+from queue_rollout.procs import HEALTHY_S, Supervised, cli_exe
 from queue_rollout.virtual.clock import ManualClock
+from testkit import free_ports, process_tree, wait_for
 
 
 def test_backoff_doubles_in_a_crash_loop_and_starts_over_after_a_healthy_run():
@@ -30,3 +38,124 @@ def test_backoff_doubles_in_a_crash_loop_and_starts_over_after_a_healthy_run():
     clock.now = child.next_start
     child.keep()
     child.proc.wait()
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie waiting for a reaper that is not its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", ["spawn", "die_with_parent"])
+def test_a_child_dies_with_its_parent_killed_by_sigkill(how):
+    """A parent started (a) a program through spawn, (b) a Python child that asked by
+    itself (as the bench's multiprocessing clients do); SIGKILL the parent, and the
+    child gets SIGTERM."""
+    start = {
+        "spawn": "p = spawn(['sleep', '60']); print(p.pid, flush=True)",
+        "die_with_parent": (
+            "import os, subprocess; p = subprocess.Popen([sys.executable, '-c', "
+            "f'from queue_rollout.procs import die_with_parent; import time; "
+            "assert die_with_parent({os.getpid()}); print(1, flush=True); time.sleep(60)'], "
+            "stdout=subprocess.PIPE, text=True); p.stdout.readline(); print(p.pid, flush=True)"),
+    }[how]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import sys, time\nfrom queue_rollout.procs import spawn\n"
+                               f"{start}\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not _gone(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    wait_for(lambda: _gone(child), 10, f"the child {child} to die with its parent")
+
+
+def test_the_request_says_whether_the_parent_it_names_is_still_the_parent():
+    """The request is made after fork: a parent already gone by then (the child's
+    parent is another process) means the child must not run."""
+    code = ("import os, sys; from queue_rollout.procs import die_with_parent; "
+            "print(die_with_parent(int(sys.argv[1])), die_with_parent(os.getppid()))")
+    out = subprocess.run([sys.executable, "-c", code, str(os.getpid() + 1)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
+
+
+# -- every launcher's whole tree dies with it ------------------------------------------
+
+def _started(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): a pid and this name one
+    process, whatever reuses the pid later; None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _write_farm(tmp_path: Path, redis_url: str = "") -> Path:
+    """2 simulated replicas of 2 slots; an embedded Redis unless *redis_url*."""
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "tree"\nstate_dir = "{tmp_path / "state"}"\n'
+                    f'redis_url = "{redis_url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 4\n"
+                    f"[engine]\nreplicas = 2\nslots_per_replica = 2\nbase_port = {free_ports(2)}\n"
+                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
+    return path
+
+
+# (the command after `queue-rollout`, what the tree must hold before the kill: a piece
+# of some process's command line, or "redis-server", whose command line is rewritten)
+EPISODES = "queue_rollout.workers.rq_worker"
+LAUNCHERS = {
+    "up": (lambda tmp, url: ["up", "-c", str(_write_farm(tmp))],
+           ["redis-server", "sim-engine", "worker --gpu 0", "worker --gpu 1", EPISODES,
+            "collector"]),
+    "node": (lambda tmp, url: ["node", "--gpus", "0-1", "-c", str(_write_farm(tmp, url))],
+             ["sim-engine", "worker --gpu 0", "worker --gpu 1", EPISODES]),
+    "demo": (lambda tmp, url: ["demo", "-c", str(_write_farm(tmp))],
+             ["redis-server", "sim-engine", "worker --gpu 0", EPISODES, "collector"]),
+    "bench": (lambda tmp, url: ["bench", "--profile", "long-tail", "-c",
+                                str(_write_farm(tmp))],
+              ["redis-server", "sim-engine", "worker --gpu 0", EPISODES, "collector"]),
+    "plan": (lambda tmp, url: ["plan", "--profile", "long-tail", "--gpus", "64",
+                               "-c", str(_write_farm(tmp))],
+             ["redis-server"]),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_sigkill_of_a_launcher_leaves_no_process_of_its_tree(launcher, tmp_path, redis_url):
+    args, wants = LAUNCHERS[launcher]
+    with (tmp_path / "launcher.log").open("w") as log:
+        proc = subprocess.Popen([cli_exe(), *args(tmp_path, redis_url)],
+                                stdout=subprocess.DEVNULL, stderr=log)
+
+    def grown() -> dict[int, int] | None:
+        assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
+        tree = {pid: _started(pid) for pid in process_tree(proc.pid)}
+        lines = [_cmdline(pid) for pid in tree]
+        lines += ["redis-server" for pid in tree
+                  if Path(f"/proc/{pid}/comm").exists()
+                  and "redis-server" in Path(f"/proc/{pid}/comm").read_text()]
+        ready = all(any(want in line for line in lines) for want in wants)
+        return {p: s for p, s in tree.items() if s is not None} if ready else None
+
+    try:
+        tree = wait_for(grown, 120, f"{launcher}'s process tree")
+    finally:
+        proc.kill()
+        proc.wait()
+    described = {pid: _cmdline(pid) for pid in tree}
+    wait_for(lambda: all(_started(p) != s or _gone(p) for p, s in tree.items()), 30,
+             f"every process of {launcher}'s tree to end: {described}")

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from queue_rollout.errors import BadInput
 from queue_rollout.results import EpisodeResult, add_tokens, decode_result, encode_result
+from testkit import examples
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=examples(200), derandomize=True)
 CAP = 4096
 SMALL = encode_result(EpisodeResult(member=0, output_ids=[], logprobs=[], version_runs=[],
                                     finish_reason=""))

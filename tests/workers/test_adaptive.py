@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import load_config
 from queue_rollout.engines.sglang import SGLangClient
@@ -38,6 +40,7 @@ def write_toml(path: Path, redis_url: str) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_a_full_kv_pool_lowers_the_limit_aborts_nothing_and_the_limit_recovers(
         r, redis_url, tmp_path):
     toml = write_toml(tmp_path / "farm.toml", redis_url)

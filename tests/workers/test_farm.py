@@ -8,6 +8,7 @@ import os
 import signal
 from contextlib import ExitStack
 
+import pytest
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
@@ -22,6 +23,8 @@ from queue_rollout.results import decode_result
 from testkit import WorkerFarm as Farm
 from testkit import wait_for
 from testkit import write_worker_farm as write_toml
+
+pytestmark = pytest.mark.e2e
 
 
 def test_32_groups_of_4_delivered_whole_with_exact_lengths_and_one_result_each(

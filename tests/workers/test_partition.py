@@ -30,6 +30,8 @@ from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe, stop_all
 from testkit import wait_for
 
+pytestmark = pytest.mark.e2e
+
 SUBNET = f"10.77.{os.getpid() % 200 + 20}"  # 10.77.N.0/24, N per test process
 TAG = f"q{os.getpid() % 10000}"  # interface names stay under 15 characters
 HOSTS = {"redis": 2, "a": 3, "b": 4}

@@ -12,6 +12,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import load_config
 from queue_rollout.engines.sglang import SGLangClient
@@ -21,6 +23,8 @@ from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe
 from testkit import wait_for
+
+pytestmark = pytest.mark.e2e
 
 GROUPS, G = 12, 4
 

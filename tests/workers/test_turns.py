@@ -11,6 +11,7 @@ import urllib.request
 from contextlib import ExitStack
 from typing import Any
 
+import pytest
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
@@ -26,6 +27,8 @@ from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe
 from queue_rollout.results import decode_result
 from testkit import WorkerFarm, farm_up, wait_for, write_up_farm, write_worker_farm
+
+pytestmark = pytest.mark.e2e
 
 PROMPT = list(range(1000, 1064))  # 64 tokens, one prompt for every member of a group
 

@@ -62,6 +62,7 @@ def rq_workers(r) -> list[Worker]:
     return Worker.all(connection=r, serializer=JSONSerializer)
 
 
+@pytest.mark.e2e
 def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, engine, farm_toml):
     config = load_config(farm_toml)
     ledger = Ledger.from_config(r, config)
@@ -89,6 +90,7 @@ def test_worker_runs_episodes_restarts_a_killed_process_and_stops_cleanly(r, eng
     assert r.hlen(ledger.keys.workers) == 0
 
 
+@pytest.mark.e2e
 def test_a_member_after_its_sibling_finds_the_prompt_cached_and_the_ledger_counts_it(
         r, farm_toml):
     """One slot on the replica: the group's second member runs after the first, whose
@@ -117,6 +119,7 @@ def test_a_member_after_its_sibling_finds_the_prompt_cached_and_the_ledger_count
     assert (counters["prefill:computed"], counters["prefill:cached"]) == (401, 399)
 
 
+@pytest.mark.e2e
 def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, engine, farm_toml):
     farm_toml.write_text(farm_toml.read_text().replace(
         "slots_per_replica = 2\n", "slots_per_replica = 2\nthreads_per_process = 2\n"))
@@ -164,6 +167,7 @@ def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine,
     assert c["doubtful"] == 1 and c["reserved"] == 4
 
 
+@pytest.mark.e2e
 def test_a_worker_against_a_replica_without_a_boot_id_runs_and_resolves_doubt(
         r, farm_toml, tmp_path):
     """SGLang started by hand reports no boot id: the worker starts without --boot-id,
@@ -202,6 +206,7 @@ def test_a_worker_against_a_replica_without_a_boot_id_runs_and_resolves_doubt(
     assert c.get("retries:replica_restart", 0) == 0 and c.get("doubtful", 0) == 0
 
 
+@pytest.mark.e2e
 def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, farm_toml):
     from queue_rollout.client.rollout import RolloutClient
     from queue_rollout.errors import BarrierTimeout
@@ -229,6 +234,7 @@ def test_pause_barrier_resume_and_weight_update_through_live_workers(r, engine, 
         assert proc.wait(60) == 0
 
 
+@pytest.mark.e2e
 def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at_once(
         r, tmp_path, farm_toml):
     """SIGKILL the replica with episodes running and jobs queued; keep it down for 3 s:
@@ -280,6 +286,7 @@ def test_a_dead_replica_costs_one_attempt_per_slot_and_its_restart_is_settled_at
     assert c.get("retries:replica_restart", 0) + c.get("retries:generate_error", 0) >= 2
 
 
+@pytest.mark.e2e
 def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm_toml, tmp_path):
     """RQ imports and calls whatever function a job names: anyone who can write the
     queue could name os.system. The episode worker never reads a job's payload: it runs
@@ -313,6 +320,7 @@ def test_a_forged_job_is_deleted_unrun_and_the_worker_carries_on(r, engine, farm
     assert r.llen(f"rq:queue:{ledger.keys.rq_queue}:intermediate") == 0
 
 
+@pytest.mark.e2e
 def test_a_killed_worker_leaves_the_live_set_within_three_leases(r, engine, farm_toml):
     """The supervisor reports itself alive every lease / 3, not every few milliseconds;
     a dead one still drops out of the live workers ("auto" capacity, status, the pause

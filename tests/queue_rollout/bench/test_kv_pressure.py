@@ -53,6 +53,7 @@ def test_refill_fills_the_pools_and_adaptive_limits_retract_less(ideal):
     assert adaptive.output_tokens == fixed.output_tokens
 
 
+@pytest.mark.bench
 def test_where_memory_is_not_short_adaptive_slots_stay_within_three_percent(redis_server):
     result = controls(redis_server.url, Scale())
     assert set(result) == {"long-tail/group", "long-tail/sample", "equal/group",
@@ -61,6 +62,7 @@ def test_where_memory_is_not_short_adaptive_slots_stay_within_three_percent(redi
         assert abs(c["change"]) <= 0.03, (name, c)
 
 
+@pytest.mark.bench
 def test_a_small_kv_pressure_bench_runs_four_audited_runs(tmp_path, redis_server,
                                                           monkeypatch):
     # the controls are the test above's: not run again here

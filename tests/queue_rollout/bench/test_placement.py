@@ -57,6 +57,7 @@ def test_refill_with_placement_computes_less_and_some_groups_are_split(ideal):
 
 
 @pytest.mark.parametrize("name", ["long-tail", "equal"])
+@pytest.mark.bench
 def test_placement_costs_short_prompts_at_most_two_percent(redis_server, name):
     shape, scale = Shape(), Scale()
     prompts = PILOTS[name].manifest(shape, scale)
@@ -72,6 +73,7 @@ def test_placement_costs_short_prompts_at_most_two_percent(redis_server, name):
         client.close()
 
 
+@pytest.mark.bench
 def test_a_small_long_prompt_bench_runs_four_audited_runs(tmp_path, redis_server):
     bench = open_bench(tmp_path, SMALL, FAST, redis_server.url, lambda line: None)
     try:

@@ -49,6 +49,7 @@ def test_the_virtual_demo_prints_progress_and_a_summary(redis_url):
     assert "all-work completion (s)" in text and "slot occupancy" in text
 
 
+@pytest.mark.e2e
 def test_the_stack_demo_runs_both_modes_through_real_processes_and_keeps_logs_off_screen(
         tmp_path):
     import re

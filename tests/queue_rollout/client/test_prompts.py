@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from queue_rollout.cli.main import main
 from queue_rollout.client.prompts import parse_lines, parse_numbered, split_lines
 from queue_rollout.errors import BadInput
+from testkit import examples
 
 
 def parse(*lines: str, G: int = 2, max_bytes: int = 1000):
@@ -122,7 +123,7 @@ def test_submit_command_enqueues_all_or_nothing(tmp_path, redis_url, r, capsys):
 
 # -- fuzzing the parser: valid (id, JSON) pairs or BadInput at the right line, nothing else
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=examples(200), derandomize=True)
 ODD = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e\r\ud800\udfff\ufeff\"\\"
 # st.text() leaves out lone surrogates, even when its alphabet names them
 text = st.lists(st.characters() | st.sampled_from(ODD), max_size=12).map("".join)

@@ -18,6 +18,8 @@ from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
 
+pytestmark = pytest.mark.e2e
+
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
 

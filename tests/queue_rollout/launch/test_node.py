@@ -100,6 +100,7 @@ def start_node(toml: Path, gpus: str, env: dict | None = None) -> subprocess.Pop
     return proc
 
 
+@pytest.mark.e2e
 def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_stops(
         tmp_path, redis_url, r):
     """Replica gpu0 is killed with episodes in flight: node restarts it under a new boot
@@ -182,6 +183,7 @@ asyncio.run(main())
 '''
 
 
+@pytest.mark.e2e
 def test_sglang_replicas_are_launched_pinned_with_the_documented_arguments(
         tmp_path, redis_url, r):
     fake = tmp_path / "fake"

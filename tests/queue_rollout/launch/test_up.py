@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from queue_rollout.ledger.embedded import free_port
 from testkit import farm_up, wait_for
 from testkit import write_up_farm as write_farm
+
+pytestmark = pytest.mark.e2e
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
@@ -31,7 +36,8 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
                                for i in range(8)))
     with farm_up(toml) as line:
         assert "farm up up: redis redis://127.0.0.1:" in line and "2 workers" in line
-        assert (state / "redis.url").exists()
+        url = (state / "redis.url").read_text()
+        assert_a_second_up_is_refused(toml, state, url)
         assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
         consumed = cli("consume", "--batches", "2", "--json", "-c", str(toml))
         assert consumed.returncode == 0, consumed.stderr
@@ -52,6 +58,34 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
                                          timeout=5).read().decode()
         assert "queue_rollout_groups_consumed_total 4.0" in metrics
     assert not (state / "redis.url").exists()
+
+
+def redis_servers_on(data_dir: Path) -> list[int]:
+    """The pids of the redis-server processes whose data directory is *data_dir* (it
+    works there: redis-server changes to its ``dir``, and rewrites its command line)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if (Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server"
+                    and os.readlink(f"/proc/{pid}/cwd") == str(data_dir.resolve())):
+                pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def assert_a_second_up_is_refused(toml: Path, state: Path, url: str) -> None:
+    """A second `up` on a running farm's config exits 2 at once naming the first; the
+    first keeps its files, its one redis-server and its answers."""
+    holder = json.loads((state / "farm.lock").read_text())["pid"]
+    second = cli("up", "-c", str(toml), timeout=30)
+    assert second.returncode == 2, second.stderr
+    assert f"farm up is already up: pid {holder} since " in second.stderr
+    assert second.stdout == ""
+    assert (state / "redis.url").read_text() == url
+    assert len(redis_servers_on(state / "redis")) == 1
+    status = cli("status", "--json", "-c", str(toml))
+    assert status.returncode == 0 and json.loads(status.stdout)["workers"]["alive"] == 2
 
 
 def run_reference_scenario(tmp_path: Path, mode: str) -> str:

@@ -189,6 +189,7 @@ def write_farm(path: Path, name: str, url: str, ca_file: str = "", *,
     return path
 
 
+@pytest.mark.e2e
 def test_up_on_a_tls_redis_announces_it_with_the_password_masked(
         tls_server: SecuredRedis, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """`up` with farm.redis_url set: its workers reach Redis through the up.toml it
@@ -245,6 +246,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.e2e
 def test_the_farm_runs_end_to_end_on_a_secured_redis_and_never_shows_the_password(
         secured: SecuredRedis, tmp_path: Path) -> None:
     metrics_port = free_port()

@@ -94,6 +94,7 @@ def test_the_same_call_sent_again_is_applied_once_with_the_first_answer(
     assert 0 < primary.ttl(keys.receipt("same")) <= 60
 
 
+@pytest.mark.e2e
 def test_without_the_replica_a_change_holds_until_it_is_back(
         primary: redis.Redis, pair: Pair) -> None:
     ledger = _ledger(primary)
@@ -161,6 +162,7 @@ def test_answers_that_change_nothing_leave_no_receipt_and_renewals_never_wait(
     assert ledger.progress(admission.attempt_ids[0], "w", 1, 30).status == "ok"
 
 
+@pytest.mark.e2e
 def test_a_lost_answer_then_a_server_without_the_scripts_still_applies_once(
         primary: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failover can do both: the answer is lost, and the promoted server has no

@@ -59,6 +59,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import EVENTS_GROUP, episode_field
 from queue_rollout.ledger.records import SUPERSEDED, decode_attempt, decode_batch, decode_group
 from queue_rollout.virtual.clock import ManualClock
+from testkit import examples
 
 FARM = "st"
 LEASE_S = 30.0
@@ -75,9 +76,8 @@ DOUBT_CAUSES = ("lease_expired", "worker_lost", "generate_error")
 AID_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=examples(60),
     stateful_step_count=120,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 

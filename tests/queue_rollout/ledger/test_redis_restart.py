@@ -22,6 +22,8 @@ from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 from testkit import wait_for
 
+pytestmark = pytest.mark.e2e
+
 GROUPS = 24
 
 

@@ -57,6 +57,7 @@ def test_a_malformed_sentinel_url_says_what_and_hides_the_password(url: str,
     assert "pw" not in str(info.value).replace("password", "")
 
 
+@pytest.mark.e2e
 def test_status_finds_the_primary_through_the_sentinels(sentinels: SentinelSet,
                                                         tmp_path: Path, capsys) -> None:
     assert main(["status", "--json", "-c", _toml(tmp_path, sentinels.url)]) == 0
@@ -67,6 +68,7 @@ def test_status_finds_the_primary_through_the_sentinels(sentinels: SentinelSet,
     assert SECRET not in out
 
 
+@pytest.mark.e2e
 def test_without_the_sentinels_password_or_with_an_unknown_service_it_is_exit_4(
         sentinels: SentinelSet, tmp_path: Path, capsys) -> None:
     assert main(["status", "-c", _toml(tmp_path, sentinels.url, "wrong")]) == 4
@@ -76,6 +78,7 @@ def test_without_the_sentinels_password_or_with_an_unknown_service_it_is_exit_4(
     assert "No master found for 'nope'" in err and SECRET not in err
 
 
+@pytest.mark.e2e
 def test_all_sentinels_down_is_exit_4_and_a_malformed_url_exit_2(tmp_path: Path,
                                                                  capsys) -> None:
     down = f"redis+sentinel://:datapw@127.0.0.1:{free_port()},127.0.0.1:{free_port()}/qr"

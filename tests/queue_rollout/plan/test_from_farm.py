@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from queue_rollout.cli.demo import GROUP, demo_prompts
 from queue_rollout.config import load_config
 from queue_rollout.engines.sim_server import text_tokens
@@ -25,6 +27,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_the_shapes_a_farm_recorded_are_its_prompts(tmp_path: Path) -> None:
     toml = write_farm(tmp_path / "farm.toml", "shapes", tmp_path / "state", slots=8,
                       metrics_port=free_port(),

@@ -134,6 +134,7 @@ def test_placement_settings_are_rows_with_the_prefill_they_compute(
     assert header[:5] == ["mode", "stale", "placement", "prefill/group", "cache"]
 
 
+@pytest.mark.bench
 def test_slot_settings_are_rows_and_adaptive_limits_follow_a_full_pool(
         capsys: pytest.CaptureFixture[str]) -> None:
     """--slots fixed,adaptive on kv-pressure under refill: a row each, the table's slot
@@ -152,6 +153,7 @@ def test_slot_settings_are_rows_and_adaptive_limits_follow_a_full_pool(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.bench
 def test_a_64_gpu_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpus", "64", "--batch-size", "64", "--batches", "6",
                  "--json"]) == 0
