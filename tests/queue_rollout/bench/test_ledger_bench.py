@@ -45,7 +45,6 @@ def test_segments_alternate_abba():
     assert segment_kinds(2) == ["trivial", "ledger", "ledger", "trivial"]
 
 
-@pytest.mark.bench
 def test_sim_replica_bench_json_shape(capsys):
     assert main(["bench", "--profile", "sim-replica", "--json", "--requests", "4",
                  "--seconds", "0.5"]) == 0

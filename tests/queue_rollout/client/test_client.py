@@ -38,6 +38,7 @@ def finish_all(client: RolloutClient, versions=((0, 3),)) -> None:
 
 
 def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
+    """A trainer that dies before its ack gets the same batch again (I6, I8)."""
     client = RolloutClient.from_config(farm_toml, consumer="t0")
     assert client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(3)]) == 3
     collector = Collector(client.ledger, client.config, name="c")

@@ -19,6 +19,8 @@ def make(r, clock, **timeouts) -> tuple[Ledger, Reconciler]:
 
 
 def test_an_expired_lease_makes_the_attempt_doubtful_and_keeps_its_slot(r, clock):
+    """A worker gone silent (killed, cut off): its attempt turns doubtful and keeps its
+    slot, with no second attempt yet (I5)."""
     ledger, rec = make(r, clock, lease=30)
     ledger.submit(trivial_prompts(1))
     a, b = ledger.admit().attempt_ids
@@ -35,6 +37,7 @@ def test_an_expired_lease_makes_the_attempt_doubtful_and_keeps_its_slot(r, clock
 
 
 def test_the_doubt_timeout_declares_lost_loudly_and_retries(r, clock, caplog):
+    """A doubt nobody can settle still ends in a retry: the episode is not lost (I8)."""
     ledger, rec = make(r, clock, doubt=100)
     ledger.submit(trivial_prompts(1))
     a, _ = ledger.admit().attempt_ids

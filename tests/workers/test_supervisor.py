@@ -1,0 +1,62 @@
+"""The supervisor's logic in process, against an in-process simulated replica: its
+record in the registry, its episode processes' layout, and the trainer's controls
+followed and acknowledged. (Its signals, restarts and SIGKILL are proved on real
+processes in tests/workers/test_worker.py, `pytest -m e2e`.)"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from queue_rollout.config import Config
+from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.registry import Ack, Registry
+from queue_rollout.workers.rq_worker import SPEC_ENV
+from queue_rollout.workers.supervisor import Supervisor
+
+
+def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url):
+    config = msgspec.convert({"farm": {"name": "sv", "redis_url": redis_url},
+                              "engine": {"slots_per_replica": 5, "threads_per_process": 2}},
+                             Config)
+    with ThreadedSimEngine(slots=5, step_ms=0.5) as engine:
+        sup = Supervisor(config, gpu=3, engine_url=engine.url)
+        sup.wait_for_replica(timeout=10)
+        boot = str(sup.client.server_info()["boot_id"])
+        assert sup.boot_id == boot and "reported" in sup.confirmation(given=False)
+        registry = Registry(r, sup.keys, config.timeouts.lease)
+        sup.register(registry)
+        record = registry.live()[sup.worker_id]
+        assert (record["gpu"], record["slots"], record["boot"]) == (3, 5, boot)
+        assert record["replica"] == engine.url and sup.worker_id.endswith("-gpu3")
+
+        # 5 slots in processes of 2 threads: 2 + 2 + 1, each told its first slot
+        children = sup._children()
+        specs = [child.env for child in children]
+        assert [c.argv[-1] for c in children] == ["queue_rollout.workers.rq_worker"] * 3
+        assert all(env is not None for env in specs)
+        assert [spec_env_fields(env) for env in specs if env] == [(0, 2), (2, 2), (4, 1)]
+
+        ledger = Ledger.from_config(r, config)
+        epoch = ledger.pause("abort")
+        sup._follow_controls(registry)
+        assert engine.server.model.paused
+        assert registry.acks("pause", [sup.worker_id]) == {sup.worker_id: Ack(epoch)}
+        ledger.set_paused(False)
+        sup._follow_controls(registry)
+        assert not engine.server.model.paused
+
+        ledger.pause("abort")
+        sup._follow_controls(registry)
+        weights = registry.request_weights("/models/step-7", 7)
+        sup._follow_controls(registry)
+        assert registry.acks("weights", [sup.worker_id]) == {sup.worker_id: Ack(weights)}
+        assert engine.server.model.weight_version == "7"
+
+
+def spec_env_fields(env: dict[str, str]) -> tuple[int, int]:
+    """(first slot, threads) of an episode process, from the environment it is given."""
+    spec = json.loads(env[SPEC_ENV])
+    return spec["first_slot"], spec["threads"]
