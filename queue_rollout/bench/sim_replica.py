@@ -64,7 +64,7 @@ def run_sim_replica_bench(*, requests: int = 128, seconds: float = 60.0) -> SimR
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = spawn([cli_exe(), "sim-engine", "--port", str(port), "--slots", str(requests),
-                             "--step-ms", "4.5", "--step-ms-per-request", "0.2"],
+                  "--step-ms", "4.5", "--step-ms-per-request", "0.2"],
                  stdout=subprocess.PIPE, text=True)
     stop = threading.Event()
     try:

@@ -1,8 +1,9 @@
 """One owner per farm directory: a lock file that a launcher holds for as long as it runs.
 
-``up`` and ``demo`` own ``<state_dir>/farm.lock`` (they open the farm's embedded Redis
-and publish its ``redis.url``); ``node`` owns ``<state_dir>/node/node.lock`` (its
-replicas, boots and logs). The lock is an ``flock`` on an open file: the kernel drops it
+``up`` owns ``<state_dir>/farm.lock`` (it opens the farm's embedded Redis and publishes
+its ``redis.url``), ``demo`` owns ``<state_dir>/demo.lock`` (its folder ``demo/``, which
+it clears first) and ``node`` owns ``<state_dir>/node/node.lock`` (its replicas, boots
+and logs). The lock is an ``flock`` on an open file: the kernel drops it
 when its holder exits, however it dies, so a dead holder's lock is simply taken over and
 no stale file has to be judged. A second launcher on the same directory is refused
 before it touches anything, naming the holder the file records.
