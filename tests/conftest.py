@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server per test session, a clean database per test;
+"""Shared fixtures: a private redis-server per test session (so one per pytest-xdist
+worker: ``pytest -n auto``), a clean database per test;
 the Hypothesis profile (``HYPOTHESIS_PROFILE``: ``fast`` by default, ``ci`` in CI).
 
 The server is started by the same launcher the embedded farm uses
