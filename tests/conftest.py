@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 from hypothesis import settings
+from real_engine.server import INSTALL_HINT, RealServer, model, sglang_python
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.ledger.core import Ledger
@@ -35,6 +36,26 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """A real SGLang server on this machine's CPU with the tiny model of seed 0, shared by
+    the session's real-engine tests. Without SGLang the tests skip saying how to install
+    it; in CI (``CI=true``) that is a failure. After the session the ``sgl_kernel``
+    stand-in's call file must be empty."""
+    python = sglang_python()
+    if python is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(INSTALL_HINT)
+        pytest.skip(INSTALL_HINT)
+    server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang"),
+                        other_weights=model(python, seed=1))
+    server.start()
+    yield server
+    server.stop()
+    assert not server.stand_in_calls(), f"the sgl_kernel stand-in was called: " \
+        f"{server.stand_in_calls()}"
 
 
 @pytest.fixture

@@ -119,6 +119,7 @@ class SimEngineServer:
         self.request_log = request_log
         self.max_body = max_body
         self.healthy = True
+        self.model_path = "sim"  # what /get_model_info names: the last weights loaded
         self._wake = asyncio.Event()
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -232,7 +233,7 @@ class SimEngineServer:
                      reader: asyncio.StreamReader) -> Any:
         get = {"/health": self._health, "/health_generate": self._health,
                "/get_server_info": self._server_info, "/server_info": self._server_info,
-               "/get_weight_version": self._weight_version, "/model_info": self._weight_version,
+               "/get_model_info": self._model_info, "/model_info": self._model_info,
                "/metrics": self._metrics}
         post = {"/abort_request": self._abort, "/pause_generation": self._pause,
                 "/continue_generation": self._continue,
@@ -313,8 +314,8 @@ class SimEngineServer:
                       f"sglang:{name}{label} {float(value)!r}"]
         return _Text("\n".join(lines) + "\n")
 
-    def _weight_version(self) -> dict[str, Any]:
-        return {"weight_version": self.model.weight_version}
+    def _model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "weight_version": self.model.weight_version}
 
     async def _abort(self, body: dict[str, Any]) -> None:
         self._sync()
@@ -352,6 +353,7 @@ class SimEngineServer:
         if version is not None:
             message += f" Weight version updated to {version}."
         self._sync()
+        self.model_path = str(body["model_path"])
         if not self.model.update_weights(self.model.weight_version if version is None
                                          else str(version)):
             log.info("Cache not flushed because there are pending requests")

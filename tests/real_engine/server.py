@@ -1,0 +1,115 @@
+"""Real SGLang servers on this machine's CPU for the real-engine tier (``pytest -m sglang``).
+
+SGLang lives in a venv of its own, never the project's: ``QUEUE_ROLLOUT_SGLANG_PYTHON``
+names its Python (default: ``~/.cache/queue-rollout/sglang-<version>/bin/python``, where
+``.ci/run`` installs it). The models are made once by ``make_model.py`` in that venv and
+kept under ``~/.cache/queue-rollout/models``. Each server gets the ``sgl_kernel`` stand-in
+first on its ``PYTHONPATH`` and a file to record any call of it in.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.ledger.embedded import free_port
+from queue_rollout.procs import spawn, stop_all
+
+SGLANG_VERSION = "0.5.23"
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("QUEUE_ROLLOUT_CACHE", Path.home() / ".cache" / "queue-rollout"))
+STAND_IN = HERE / "stand_in"
+STAND_IN_LOG_ENV = "SGL_KERNEL_STAND_IN_LOG"
+INSTALL_HINT = (
+    f"no SGLang: install it in a venv of its own (python3 -m venv "
+    f"{CACHE}/sglang-{SGLANG_VERSION} && {CACHE}/sglang-{SGLANG_VERSION}/bin/pip install "
+    f"sglang=={SGLANG_VERSION}) or name its Python in QUEUE_ROLLOUT_SGLANG_PYTHON")
+#: The launch arguments of a CPU server (DESIGN's facts; the tier checks them).
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+            "--enable-metrics"]
+
+
+def sglang_python() -> str | None:
+    """The Python that has SGLang, or None when there is none."""
+    python = os.environ.get("QUEUE_ROLLOUT_SGLANG_PYTHON") or str(
+        CACHE / f"sglang-{SGLANG_VERSION}" / "bin" / "python")
+    if not Path(python).exists():
+        return None
+    probe = subprocess.run([python, "-c", "import importlib.util as u, sys; "
+                            "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+def model(python: str, seed: int, max_positions: int = 4096) -> Path:
+    """The tiny model of *seed* (made once, kept in the cache)."""
+    out = CACHE / "models" / f"qwen2-tiny-s{seed}-p{max_positions}"
+    if not (out / "DONE").exists():
+        subprocess.run([python, str(HERE / "make_model.py"), str(out), "--seed", str(seed),
+                        "--max-positions", str(max_positions)], check=True,
+                       capture_output=True)
+    return out
+
+
+class RealServer:
+    """``python -m sglang.launch_server`` on the CPU with *model_path*, on a free port."""
+
+    def __init__(self, python: str, model_path: Path, workdir: Path, *,
+                 max_total_tokens: int = 65536, max_running: int = 32,
+                 other_weights: Path | None = None) -> None:
+        self.model_path, self.other_weights = model_path, other_weights  # for updates
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stand_in_log = workdir / "sgl_kernel_calls.jsonl"
+        self.log_path = workdir / f"sglang-{self.port}.log"
+        self.argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_path),
+                     "--host", "127.0.0.1", "--port", str(self.port),
+                     "--max-total-tokens", str(max_total_tokens),
+                     "--max-running-requests", str(max_running), *CPU_ARGS]
+        self.env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1",
+                    "PYTHONPATH": os.pathsep.join(
+                        [str(STAND_IN), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                    STAND_IN_LOG_ENV: str(self.stand_in_log)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 300.0) -> None:
+        import time
+
+        with self.log_path.open("ab") as log:
+            self.proc = spawn(self.argv, env=self.env, stdout=log, stderr=log)
+        client = SGLangClient(self.url, timeout=5)
+        deadline = time.monotonic() + timeout
+        while not client.healthy(timeout=5):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
+                raise RuntimeError("the SGLang server did not become healthy:\n"
+                                   + "\n".join(tail))
+            time.sleep(1.0)
+
+    def stand_in_calls(self) -> list[str]:
+        """Every call of the ``sgl_kernel`` stand-in recorded so far (one JSON line each)."""
+        if not self.stand_in_log.exists():
+            return []
+        return self.stand_in_log.read_text().splitlines()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_all([self.proc], 30)
+            self.proc = None
+
+
+if __name__ == "__main__":  # a server by hand: python server.py SEED
+    found = sglang_python()
+    if found is None:
+        sys.exit(INSTALL_HINT)
+    server = RealServer(found, model(found, int(sys.argv[1]) if len(sys.argv) > 1 else 0),
+                        Path.cwd())
+    server.start()
+    print(server.url, flush=True)
+    try:
+        server.proc.wait() if server.proc else None
+    finally:
+        server.stop()
