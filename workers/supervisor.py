@@ -12,12 +12,13 @@ announced on the farm's controls channel, re-reading them at least every
 ``CONTROLS_REREAD_S``, and reports itself alive every lease / 3: an idle supervisor
 makes well under one Redis call a second.
 
-It watches its replica every ``health_s``: ``/health`` failing is logged once and
-recorded (``replica_up`` in the worker's record); a replica that reports its boot id
-(the simulated one does; SGLang does not, and ``queue-rollout node`` restarts the worker
-with every replica start instead) and comes back under a new one gets new episode
-processes bound to the new boot, and its old attempts are settled at once
-(``replica_restart``) instead of at the next periodic round.
+It watches its replica every ``health_s`` through ``/get_model_info``, which answers
+without a generation (SGLang's ``/health`` generates a token and takes about a second).
+A failure is logged once and recorded (``replica_up`` in the worker's record); a replica
+that reports its boot id (the simulated one does; SGLang does not, and ``queue-rollout
+node`` restarts the worker with every replica start instead) and comes back under a new
+one gets new episode processes bound to the new boot, and its old attempts are settled
+at once (``replica_restart``) instead of at the next periodic round.
 
 With ``engine.adaptive_slots`` it reads the replica's ``/metrics`` every
 ``engine.adaptive_interval_s`` and sets how many of its episode slots take new jobs
@@ -213,7 +214,7 @@ class Supervisor:
     def _watch_replica(self, registry: Registry) -> bool:
         """One look at the replica; True when it is back (after an outage or under a new
         boot id): its doubtful attempts can be settled now."""
-        up = self.client.healthy(timeout=max(0.5, self.health_s))
+        up = self.client.alive(timeout=max(0.5, self.health_s))
         boot = self._current_boot() if up and self._reports_boot else self.boot_id
         if up == self._replica_up and boot == self.boot_id:
             return False

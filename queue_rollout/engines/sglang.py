@@ -180,8 +180,19 @@ class SGLangClient:
         self._control("POST", "/continue_generation", {})
 
     def healthy(self, timeout: float = 5.0) -> bool:
+        """``GET /health``: the replica serves generations. On SGLang it runs a one-token
+        generation and takes about a second: for readiness, not for a periodic watch."""
         try:
             self._control("GET", "/health", timeout=timeout)
+        except EngineError:
+            return False
+        return True
+
+    def alive(self, timeout: float = 2.0) -> bool:
+        """``GET /get_model_info``: the replica's server answers, in milliseconds and
+        without a generation (SGLang's server goes down whole when its scheduler dies)."""
+        try:
+            self._control("GET", "/get_model_info", timeout=timeout)
         except EngineError:
             return False
         return True

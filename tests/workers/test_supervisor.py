@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 
 from queue_rollout.config import Config
 from queue_rollout.engines.sim_server import ThreadedSimEngine
@@ -60,3 +61,24 @@ def spec_env_fields(env: dict[str, str]) -> tuple[int, int]:
     """(first slot, threads) of an episode process, from the environment it is given."""
     spec = json.loads(env[SPEC_ENV])
     return spec["first_slot"], spec["threads"]
+
+
+def _counter(metrics: str, name: str) -> float:
+    """The sum of a Prometheus counter's series in *metrics*."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith((name + "{", name + " ")))
+
+
+@pytest.mark.sglang
+def test_the_replica_watch_sees_no_outage_on_a_real_server_and_makes_it_generate_nothing(
+        real_sglang, r, redis_url, caplog):
+    """SGLang's /health generates a token and takes about a second: a watch with a
+    one-second timeout saw outages that were not there, and cost a prefill each time."""
+    config = msgspec.convert({"farm": {"name": "watch", "redis_url": redis_url}}, Config)
+    sup = Supervisor(config, gpu=0, engine_url=real_sglang.url)  # health_s = 1.0
+    registry = Registry(r, sup.keys, config.timeouts.lease)
+    prefilled = _counter(sup.client.metrics(), "sglang:prefill_effective_tokens_total")
+    assert [sup._watch_replica(registry) for _ in range(5)] == [False] * 5
+    assert sup._replica_up and "unreachable" not in caplog.text
+    assert _counter(sup.client.metrics(),
+                    "sglang:prefill_effective_tokens_total") == prefilled
