@@ -9,14 +9,17 @@ first on its ``PYTHONPATH`` and a file to record any call of it in.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.ledger.embedded import free_port
-from queue_rollout.procs import spawn, stop_all
+from queue_rollout.procs import spawn
 
 SGLANG_VERSION = "0.5.23"
 HERE = Path(__file__).resolve().parent
@@ -60,13 +63,12 @@ class RealServer:
                  max_total_tokens: int = 65536, max_running: int = 32,
                  other_weights: Path | None = None) -> None:
         self.model_path, self.other_weights = model_path, other_weights  # for updates
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port, self.url = 0, ""  # chosen at each start
+        self.workdir = workdir
         self.stand_in_log = workdir / "sgl_kernel_calls.jsonl"
-        self.log_path = workdir / f"sglang-{self.port}.log"
-        self.argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_path),
-                     "--host", "127.0.0.1", "--port", str(self.port),
-                     "--max-total-tokens", str(max_total_tokens),
+        self.log_path = workdir / "sglang.log"
+        self.python = python
+        self.args = ["--max-total-tokens", str(max_total_tokens),
                      "--max-running-requests", str(max_running), *CPU_ARGS]
         self.env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1",
                     "PYTHONPATH": os.pathsep.join(
@@ -74,20 +76,43 @@ class RealServer:
                     STAND_IN_LOG_ENV: str(self.stand_in_log)}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 300.0) -> None:
-        import time
+    def start(self, timeout: float = 300.0, tries: int = 3) -> None:
+        """Start on a free port and wait until ``/health`` answers. A port taken between
+        choosing it and the server's bind (SGLang takes ports of its own meanwhile)
+        leaves a server whose HTTP side gave up: it is stopped and started again on
+        another port."""
+        for _ in range(tries):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            if self._start_once(timeout):
+                return
+        raise RuntimeError(f"no free port held for the SGLang server in {tries} tries")
 
+    def _start_once(self, timeout: float) -> bool:
+        """True once healthy; False when the port was taken; raises on anything else."""
+        argv = [self.python, "-m", "sglang.launch_server", "--model-path",
+                str(self.model_path), "--host", "127.0.0.1", "--port", str(self.port),
+                *self.args]
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
-            self.proc = spawn(self.argv, env=self.env, stdout=log, stderr=log)
+            # its own process group: stop() ends the scheduler and detokenizer with it
+            self.proc = spawn(argv, env=self.env, stdout=log, stderr=log,
+                              start_new_session=True)
         client = SGLangClient(self.url, timeout=5)
         deadline = time.monotonic() + timeout
         while not client.healthy(timeout=5):
+            with self.log_path.open("rb") as log:
+                log.seek(start)
+                said = log.read().decode(errors="replace")
+            if "address already in use" in said:
+                self.stop()
+                return False
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
                 raise RuntimeError("the SGLang server did not become healthy:\n"
-                                   + "\n".join(tail))
+                                   + "\n".join(said.splitlines()[-20:]))
             time.sleep(1.0)
+        return True
 
     def stand_in_calls(self) -> list[str]:
         """Every call of the ``sgl_kernel`` stand-in recorded so far (one JSON line each)."""
@@ -96,9 +121,21 @@ class RealServer:
         return self.stand_in_log.read_text().splitlines()
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_all([self.proc], 30)
-            self.proc = None
+        """SIGTERM to the server's whole process group, SIGKILL to what is left after
+        30 s (a server whose HTTP side failed to bind ignores SIGTERM)."""
+        if self.proc is None:
+            return
+        group = self.proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None
 
 
 if __name__ == "__main__":  # a server by hand: python server.py SEED

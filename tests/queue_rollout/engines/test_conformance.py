@@ -34,6 +34,12 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
         yield Engine(SGLangClient(real.url, timeout=120), str(real.other_weights))
 
 
+def running(client: SGLangClient) -> float:
+    """``sglang:num_running_reqs`` from the replica's /metrics (both engines export it)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in client.metrics().splitlines()
+               if line.startswith(("sglang:num_running_reqs{", "sglang:num_running_reqs ")))
+
+
 @pytest.mark.parametrize("n", [1, 7, 64])
 def test_ignore_eos_gives_exactly_max_new_tokens_and_says_length(engine, n):
     g = engine.client.generate(f"len-{n}", input_ids=PROMPT, timeout=120,
@@ -56,6 +62,8 @@ def test_an_rid_in_flight_is_refused_and_an_abort_returns_the_partial_output(
     first = threading.Thread(target=lambda: out.setdefault("g", client.generate(
         "busy", input_ids=PROMPT, sampling_params=long, timeout=120)))
     first.start()
+    # probe only once the request runs: a probe that arrived first would take the rid
+    wait_for(lambda: running(client) == 1, 60, "the request to run")
 
     def refused() -> bool:
         try:
