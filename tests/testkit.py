@@ -42,6 +42,12 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "con
     return value
 
 
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every series of metric *name* in a Prometheus text exposition."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + "{", name + " ")))
+
+
 def trivial_prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:
     """*n* (id, prompt JSON) pairs with ids ``p0``, ``p1``, ..."""
     return [(f"{prefix}{i}", b'{"prompt": "x"}') for i in range(n)]

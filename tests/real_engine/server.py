@@ -64,7 +64,6 @@ class RealServer:
                  other_weights: Path | None = None) -> None:
         self.model_path, self.other_weights = model_path, other_weights  # for updates
         self.port, self.url = 0, ""  # chosen at each start
-        self.workdir = workdir
         self.stand_in_log = workdir / "sgl_kernel_calls.jsonl"
         self.log_path = workdir / "sglang.log"
         self.python = python
@@ -147,6 +146,7 @@ if __name__ == "__main__":  # a server by hand: python server.py SEED
     server.start()
     print(server.url, flush=True)
     try:
-        server.proc.wait() if server.proc else None
+        if server.proc is not None:
+            server.proc.wait()
     finally:
         server.stop()

@@ -16,6 +16,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
+from testkit import metric_sum
 
 
 def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url):
@@ -63,12 +64,6 @@ def spec_env_fields(env: dict[str, str]) -> tuple[int, int]:
     return spec["first_slot"], spec["threads"]
 
 
-def _counter(metrics: str, name: str) -> float:
-    """The sum of a Prometheus counter's series in *metrics*."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith((name + "{", name + " ")))
-
-
 @pytest.mark.sglang
 def test_the_replica_watch_sees_no_outage_on_a_real_server_and_makes_it_generate_nothing(
         real_sglang, r, redis_url, caplog):
@@ -77,8 +72,8 @@ def test_the_replica_watch_sees_no_outage_on_a_real_server_and_makes_it_generate
     config = msgspec.convert({"farm": {"name": "watch", "redis_url": redis_url}}, Config)
     sup = Supervisor(config, gpu=0, engine_url=real_sglang.url)  # health_s = 1.0
     registry = Registry(r, sup.keys, config.timeouts.lease)
-    prefilled = _counter(sup.client.metrics(), "sglang:prefill_effective_tokens_total")
+    prefilled = metric_sum(sup.client.metrics(), "sglang:prefill_effective_tokens_total")
     assert [sup._watch_replica(registry) for _ in range(5)] == [False] * 5
     assert sup._replica_up and "unreachable" not in caplog.text
-    assert _counter(sup.client.metrics(),
-                    "sglang:prefill_effective_tokens_total") == prefilled
+    assert metric_sum(sup.client.metrics(),
+                      "sglang:prefill_effective_tokens_total") == prefilled

@@ -13,7 +13,7 @@ import pytest
 
 from queue_rollout.engines.sglang import DuplicateRid, EngineError, Generation, SGLangClient
 from queue_rollout.engines.sim_server import ThreadedSimEngine
-from testkit import wait_for
+from testkit import metric_sum, wait_for
 
 PROMPT = [5, 6, 7]
 
@@ -36,8 +36,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 def running(client: SGLangClient) -> float:
     """``sglang:num_running_reqs`` from the replica's /metrics (both engines export it)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in client.metrics().splitlines()
-               if line.startswith(("sglang:num_running_reqs{", "sglang:num_running_reqs ")))
+    return metric_sum(client.metrics(), "sglang:num_running_reqs")
 
 
 @pytest.mark.parametrize("n", [1, 7, 64])
