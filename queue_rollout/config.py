@@ -162,6 +162,8 @@ class EngineConfig(_Section):
     min_slots_per_replica: PosInt = 1  # the lowest limit (the highest: slots_per_replica)
     adaptive_interval_s: PosFloat = 1.0  # how often a worker reads its replica's /metrics
     model_path: str = ""
+    #: the Python that has SGLang ("": $QUEUE_ROLLOUT_SGLANG_PYTHON, else this one)
+    python: str = ""
     base_port: Port = 30000
     deterministic: bool = True
     sglang_args: list[str] = msgspec.field(default_factory=list)

@@ -163,14 +163,25 @@ MEANINGS: dict[str, tuple[str, str]] = {
         "自适应槽位：worker 两次读取其副本 `/metrics` 之间的秒数。"),
     "engine.model_path": ("`node` with sglang: the model to serve.",
                           "`node` 使用 sglang 时：要服务的模型。"),
+    "engine.python": ("`node` with sglang: the Python that has SGLang and runs the replicas; "
+                      "empty: the environment variable `QUEUE_ROLLOUT_SGLANG_PYTHON`, else "
+                      "the Python of `queue-rollout` itself. `node` refuses to start when it "
+                      "cannot import `sglang`.",
+                      "`node` 使用 sglang 时：装有 SGLang、用来运行副本的 Python；为空时取环境变量 "
+                      "`QUEUE_ROLLOUT_SGLANG_PYTHON`，再不然取 `queue-rollout` 自身的 Python。"
+                      "它无法导入 `sglang` 时 `node` 拒绝启动。"),
     "engine.base_port": ("`node`: replica i listens on base_port + i.",
                          "`node`：第 i 个副本监听 base_port + i。"),
     "engine.deterministic": ("`node`: pass `--enable-deterministic-inference` (a retry "
-                             "reproduces its episode).",
+                             "reproduces its episode). A CPU server (`--device cpu`) refuses "
+                             "it: set false there.",
                              "`node`：传入 `--enable-deterministic-inference`"
-                             "（重试可复现 episode）。"),
-    "engine.sglang_args": ("`node`: extra SGLang launch arguments, passed through.",
-                           "`node`：额外的 SGLang 启动参数，原样传递。"),
+                             "（重试可复现 episode）。CPU 服务器（`--device cpu`）不接受它："
+                             "此时设为 false。"),
+    "engine.sglang_args": ("`node`: extra SGLang launch arguments, passed through; with "
+                           "`--device cpu` the replicas also get `SGLANG_USE_CPU_ENGINE=1`.",
+                           "`node`：额外的 SGLang 启动参数，原样传递；含 `--device cpu` 时副本还会"
+                           "得到环境变量 `SGLANG_USE_CPU_ENGINE=1`。"),
     "collector.step_ms": ("The collector's round (admission, the outbox, judgement, the "
                           "reconciler) runs this often (ms). Lower it only for a farm whose "
                           "episodes take well under a second (the benchmarks scale it with "

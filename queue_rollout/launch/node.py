@@ -4,7 +4,12 @@ For each GPU i: a replica on port ``engine.base_port + i`` — SGLang
 (``python -m sglang.launch_server`` with the model, ``CUDA_VISIBLE_DEVICES`` pinned to
 the GPU, ``--enable-metrics``, ``--enable-deterministic-inference`` when
 ``engine.deterministic``, ``--max-running-requests engine.slots_per_replica``, then
-``engine.sglang_args``) or, with ``engine.kind = "sim"``, a simulated replica. Every
+``engine.sglang_args``) or, with ``engine.kind = "sim"``, a simulated replica. SGLang
+runs under the Python that has it (``engine.python``, else the environment variable
+``QUEUE_ROLLOUT_SGLANG_PYTHON``, else node's own), with node's environment; a CPU
+server (``--device cpu`` among ``engine.sglang_args``) also gets
+``SGLANG_USE_CPU_ENGINE=1``. A config whose replicas cannot start (no model, no SGLang
+in that Python, deterministic inference on a CPU) is refused before anything starts. Every
 replica start gets a new boot id, recorded in ``<state_dir>/node/boots.jsonl`` (a
 simulated replica's requests go to ``requests-gpuN.jsonl`` beside it); once the
 replica answers ``/health``, a worker pinned to it starts with that boot id
@@ -22,6 +27,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -29,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from queue_rollout.config import Config, write_config
+from queue_rollout.config import Config, EngineConfig, write_config
 from queue_rollout.errors import ConfigError
 from queue_rollout.launch.owner import Owner
 from queue_rollout.ledger.connection import connect_config
@@ -38,6 +44,10 @@ from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
 
 log = logging.getLogger(__name__)
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+#: Names the Python that has SGLang when ``engine.python`` is unset.
+SGLANG_PYTHON_ENV = "QUEUE_ROLLOUT_SGLANG_PYTHON"
+#: Whether a Python can import sglang, without importing it (that takes seconds).
+_FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -64,12 +74,89 @@ def replica_argv(config: Config, gpu: int, port: int, boot_id: str,
                 *(["--request-log", str(request_log)] if request_log else [])]
     if not e.model_path:
         raise ConfigError('engine.model_path: `node` with engine.kind = "sglang" needs the model')
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", e.model_path,
+    if e.deterministic and sglang_device(e.sglang_args) == "cpu":
+        raise ConfigError(
+            "engine.deterministic: a CPU server (--device cpu in engine.sglang_args) refuses "
+            "--enable-deterministic-inference, which does not run with its torch-native "
+            "attention; set engine.deterministic = false (greedy decoding, temperature 0, "
+            "is deterministic there)")
+    argv = [sglang_python(e), "-m", "sglang.launch_server", "--model-path", e.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--enable-metrics",
             "--max-running-requests", str(e.slots_per_replica)]
     if e.deterministic:
         argv.append("--enable-deterministic-inference")
     return argv + list(e.sglang_args)
+
+
+def sglang_python(e: EngineConfig) -> str:
+    """The Python that runs SGLang: ``engine.python``, else ``$QUEUE_ROLLOUT_SGLANG_PYTHON``,
+    else this one."""
+    return e.python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+
+
+def _python_named_by(e: EngineConfig) -> str:
+    """Where :func:`sglang_python` found its answer, for messages."""
+    if e.python:
+        return "engine.python"
+    if os.environ.get(SGLANG_PYTHON_ENV):
+        return SGLANG_PYTHON_ENV
+    return f"node's own Python: neither engine.python nor {SGLANG_PYTHON_ENV} is set"
+
+
+def sglang_device(args: list[str]) -> str | None:
+    """The ``--device`` among SGLang's launch *args* (the last one, as argparse takes),
+    or None."""
+    device = None
+    for i, arg in enumerate(args):
+        if arg == "--device" and i + 1 < len(args):
+            device = args[i + 1]
+        elif arg.startswith("--device="):
+            device = arg.partition("=")[2]
+    return device
+
+
+def replica_env(config: Config, gpu: int) -> dict[str, str]:
+    """The replica's environment: node's own, pinned to *gpu*; a CPU SGLang server also
+    gets ``SGLANG_USE_CPU_ENGINE=1`` (SGLang does not see the CPU device without it)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+    e = config.engine
+    if e.kind == "sglang" and sglang_device(e.sglang_args) == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    return env
+
+
+def check_sglang_python(e: EngineConfig, env: dict[str, str]) -> None:
+    """ConfigError unless :func:`sglang_python` can import sglang with *env*."""
+    python = sglang_python(e)
+    try:
+        probe = subprocess.run([python, "-c", _FIND_SGLANG], env=env, capture_output=True,
+                               timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        problem = f"cannot be run ({exc})"
+    else:
+        if probe.returncode == 0:
+            return
+        problem = "cannot import sglang"
+    raise ConfigError(
+        f"engine.python: {python} ({_python_named_by(e)}) {problem}: install SGLang for that "
+        f"Python, or set engine.python (or the environment variable {SGLANG_PYTHON_ENV}) to "
+        "a Python that has it")
+
+
+def check_replicas(config: Config, gpus: list[int]) -> None:
+    """Refuse, before anything starts, a config whose replicas cannot start."""
+    replica_argv(config, gpus[0], config.engine.base_port, "check")
+    if config.engine.kind == "sglang":
+        check_sglang_python(config.engine, replica_env(config, gpus[0]))
+
+
+def log_tail(path: Path | None, lines: int = 10) -> str:
+    """The last *lines* lines of the log at *path* ("" when there is none)."""
+    if path is None or not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
 
 
 @dataclass
@@ -102,8 +189,7 @@ class Node:
         write_config(self.config_path, self.config)
         for i, gpu in enumerate(self.gpus):
             port = self.config.engine.base_port + i
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-            replica = Supervised(f"replica gpu{gpu}", [], env=env,
+            replica = Supervised(f"replica gpu{gpu}", [], env=replica_env(self.config, gpu),
                                  log_path=self.state_dir / f"replica-gpu{gpu}.log")
             slot = GpuSlot(gpu, port, replica)
             replica.before_start = lambda _, slot=slot: self._new_boot(slot)
@@ -137,6 +223,10 @@ class Node:
         from queue_rollout.engines.sglang import SGLangClient
 
         for slot in self.slots:
+            if slot.replica.proc is not None and slot.replica.proc.poll() is not None:
+                log.warning("replica gpu%d exited (%s); the end of %s:\n%s", slot.gpu,
+                            slot.replica.proc.returncode, slot.replica.log_path,
+                            log_tail(slot.replica.log_path))
             slot.replica.keep()
             if (not slot.healthy and slot.replica.proc is not None
                     and SGLangClient(slot.url, timeout=self.health_timeout).healthy()):
@@ -159,7 +249,7 @@ def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    replica_argv(config, gpus[0], config.engine.base_port, "check")  # refuse bad config now
+    check_replicas(config, gpus)  # refuse bad config now
     state = Path(config.farm.state_dir) / "node"
     with Owner(state / "node.lock",
                f"a node of farm {config.farm.name} is already running on {state}"):

@@ -1,5 +1,6 @@
 """`queue-rollout node --gpus ...`: a replica and a worker per GPU, boot ids, restarts,
-clean shutdown; with simulated replicas and with a stand-in for SGLang's launcher."""
+clean shutdown; with simulated replicas, with a stand-in for SGLang's launcher, and with
+a real SGLang server on this machine's CPU (``pytest -m sglang``)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,34 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
+import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from real_engine import server as tier
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.collector.loop import Collector
-from queue_rollout.config import load_config
+from queue_rollout.config import Config, EngineConfig, load_config
 from queue_rollout.errors import ConfigError
-from queue_rollout.launch.node import parse_gpus
+from queue_rollout.launch.node import (
+    SGLANG_PYTHON_ENV,
+    check_sglang_python,
+    log_tail,
+    parse_gpus,
+    replica_argv,
+    replica_env,
+    sglang_python,
+)
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import free_ports, wait_for
+from testkit import free_ports, process_tree, wait_for
 
 
 def test_gpu_lists():
@@ -35,7 +48,73 @@ def test_gpu_lists():
         parse_gpus("3-1")
 
 
+def test_the_end_of_a_replica_log_for_the_message_saying_it_exited(tmp_path):
+    log = tmp_path / "replica-gpu0.log"
+    assert log_tail(log) == "" and log_tail(None) == ""
+    log.write_text("".join(f"line {i}\n" for i in range(5000)))
+    assert log_tail(log, 3) == "line 4997\nline 4998\nline 4999"
 
+
+def sglang_config(*args: str, **engine: object) -> Config:
+    return Config(engine=EngineConfig(kind="sglang", model_path="/models/policy",
+                                      sglang_args=list(args), **engine))  # type: ignore[arg-type]
+
+
+def test_sglang_runs_under_engine_python_else_the_environment_variable_else_this_python(
+        monkeypatch):
+    monkeypatch.delenv(SGLANG_PYTHON_ENV, raising=False)
+    assert sglang_python(EngineConfig()) == sys.executable
+    monkeypatch.setenv(SGLANG_PYTHON_ENV, "/venvs/sglang/bin/python")
+    assert sglang_python(EngineConfig()) == "/venvs/sglang/bin/python"
+    config = sglang_config(python="/opt/sglang/bin/python")
+    assert sglang_python(config.engine) == "/opt/sglang/bin/python"  # the key wins
+    assert replica_argv(config, 0, 30000, "b")[:3] == [
+        "/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+
+
+def test_a_python_without_sglang_is_refused_naming_it_and_the_fix(monkeypatch, tmp_path):
+    monkeypatch.delenv(SGLANG_PYTHON_ENV, raising=False)
+    if find_spec("sglang") is not None:
+        pytest.skip("this Python has SGLang")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with pytest.raises(ConfigError) as refused:
+        check_sglang_python(EngineConfig(kind="sglang"), env)
+    assert str(refused.value) == (
+        f"engine.python: {sys.executable} (node's own Python: neither engine.python nor "
+        f"{SGLANG_PYTHON_ENV} is set) cannot import sglang: install SGLang for that Python, "
+        f"or set engine.python (or the environment variable {SGLANG_PYTHON_ENV}) to a "
+        "Python that has it")
+    monkeypatch.setenv(SGLANG_PYTHON_ENV, sys.executable)
+    with pytest.raises(ConfigError, match=f"\\({SGLANG_PYTHON_ENV}\\) cannot import sglang"):
+        check_sglang_python(EngineConfig(kind="sglang"), env)
+    missing = str(tmp_path / "no-such-python")
+    with pytest.raises(ConfigError, match=f"{missing} \\(engine.python\\) cannot be run"):
+        check_sglang_python(EngineConfig(kind="sglang", python=missing), env)
+    (tmp_path / "sglang").mkdir()  # with a package named sglang on its path, it passes
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    check_sglang_python(EngineConfig(kind="sglang"), {**env, "PYTHONPATH": str(tmp_path)})
+
+
+def test_a_cpu_server_gets_sglang_use_cpu_engine_and_the_rest_of_the_environment(
+        monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/stand/in")
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    for args in (["--device", "cpu"], ["--device=cpu"], ["--device", "cuda", "--device", "cpu"]):
+        env = replica_env(sglang_config(*args, deterministic=False), 3)
+        assert env["SGLANG_USE_CPU_ENGINE"] == "1", args
+        assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["PYTHONPATH"] == "/stand/in"
+    for config in (sglang_config("--device", "cuda"), sglang_config("--mem-fraction-static", "0.8"),
+                   Config(engine=EngineConfig(kind="sim", sglang_args=["--device", "cpu"]))):
+        assert "SGLANG_USE_CPU_ENGINE" not in replica_env(config, 3)
+
+
+def test_deterministic_inference_on_a_cpu_server_is_refused_not_dropped():
+    with pytest.raises(ConfigError, match=r"^engine.deterministic: a CPU server .* refuses "
+                       r"--enable-deterministic-inference.*torch-native attention; set "
+                       r"engine.deterministic = false"):
+        replica_argv(sglang_config("--device", "cpu"), 0, 30000, "b")
+    argv = replica_argv(sglang_config("--device", "cpu", deterministic=False), 0, 30000, "b")
+    assert "--enable-deterministic-inference" not in argv and argv[-2:] == ["--device", "cpu"]
 
 
 def write_farm(tmp_path: Path, redis_url: str, engine: str) -> Path:
@@ -91,12 +170,13 @@ def attempts(client: RolloutClient) -> list:
             client.ledger.client.hgetall(client.ledger.keys.attempts).items()]
 
 
-def start_node(toml: Path, gpus: str, env: dict | None = None) -> subprocess.Popen:
+def start_node(toml: Path, gpus: str, env: dict | None = None, **popen) -> subprocess.Popen:
     # from the farm's folder: `python -m` puts the working directory on sys.path, and a
     # source checkout there would shadow the installed package
     proc = subprocess.Popen([cli_exe(), "node", "--gpus", gpus, "-c", str(toml)],
-                            stdout=subprocess.PIPE, text=True, env=env, cwd=toml.parent)
-    assert proc.stdout is not None and "node: 2 GPUs" in proc.stdout.readline()
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=toml.parent, **popen)
+    line = proc.stdout.readline() if proc.stdout is not None else ""
+    assert f"node: {len(parse_gpus(gpus))} GPUs" in line, line
     return proc
 
 
@@ -220,3 +300,100 @@ def test_sglang_without_a_model_is_refused(tmp_path, redis_url):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "engine.model_path" in proc.stderr
+
+
+@pytest.mark.parametrize(("engine", "refusal"), [
+    (f'kind = "sglang"\nmodel_path = "/m"\npython = "{sys.executable}"',
+     f"engine.python: {sys.executable} (engine.python) cannot import sglang"),
+    ('kind = "sglang"\nmodel_path = "/m"\nsglang_args = ["--device", "cpu"]',
+     "engine.deterministic: a CPU server"),
+], ids=["no-sglang", "deterministic-on-cpu"])
+def test_node_refuses_replicas_that_cannot_start_before_starting_anything(
+        tmp_path, redis_url, engine, refusal):
+    if find_spec("sglang") is not None:
+        pytest.skip("this Python has SGLang")
+    toml = write_farm(tmp_path, redis_url, engine)
+    proc = subprocess.run([cli_exe(), "node", "--gpus", "0", "-c", str(toml)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert refusal in proc.stderr
+    assert not (tmp_path / "state" / "node").exists()  # nothing started
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of *pids* still running (zombies count as gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(pid)
+    return out
+
+
+def replica_pid(node: subprocess.Popen, port: int) -> int:
+    """The SGLang server node started on *port* (its child; SGLang's own are below it)."""
+    pids = [pid for pid in pids_with("sglang.launch_server", f"--port {port} ")
+            if pid in process_tree(node.pid)]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+@pytest.mark.sglang
+@pytest.mark.timeout(600)
+def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops(
+        tmp_path, redis_url, r):
+    """A real SGLang server on this CPU: healthy, its worker registered against its boot;
+    SIGKILLed, it is restarted under a new boot id (its own processes gone with it) and
+    its worker with it; SIGTERM stops node with nothing of SGLang left behind, and the
+    sgl_kernel stand-in was never called."""
+    python = tier.sglang_python()
+    if python is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(tier.INSTALL_HINT)
+        pytest.skip(tier.INSTALL_HINT)
+    args = [*tier.CPU_ARGS, "--max-total-tokens", "16384"]
+    toml = write_farm(tmp_path, redis_url, f'kind = "sglang"\npython = "{python}"\n'
+                      f'model_path = "{tier.model(python, seed=0)}"\ndeterministic = false\n'
+                      f"sglang_args = {json.dumps(args)}")
+    port = load_config(toml).engine.base_port
+    calls = tmp_path / "sgl_kernel_calls.jsonl"
+    env = {**os.environ, tier.STAND_IN_LOG_ENV: str(calls), "PYTHONPATH": os.pathsep.join(
+        [str(tier.STAND_IN), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop(SGLANG_PYTHON_ENV, None)  # engine.python names it
+    node_log = (tmp_path / "node.log").open("w")
+    began = time.monotonic()
+    node = start_node(toml, "0", env, stderr=node_log)
+    tree: set[int] = set()
+    try:
+        first = wait_for(lambda: registered(r).get(0), 240, "the first boot's worker")
+        healthy_s = time.monotonic() - began
+        assert first == boots(tmp_path)[-1]["boot_id"]
+        victim = replica_pid(node, port)
+        its_processes = process_tree(victim)
+        assert len(its_processes) >= 3  # the server, its scheduler and its detokenizer
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        second = wait_for(lambda: (registered(r).get(0) or first) != first
+                          and registered(r)[0], 240, "a worker against a new boot")
+        restart_s = time.monotonic() - killed
+        assert second in [b["boot_id"] for b in boots(tmp_path)[1:]]
+        assert alive(its_processes) == set()  # SGLang's own processes died with it
+        tree = process_tree(node.pid)
+        print(f"healthy after {healthy_s:.0f} s; again {restart_s:.0f} s after the SIGKILL")
+    finally:
+        tree |= process_tree(node.pid)
+        node.send_signal(signal.SIGTERM)
+        try:
+            code = node.wait(120)
+        finally:
+            for pid in alive(tree - {node.pid}):  # should there be any: not left running
+                os.kill(pid, signal.SIGKILL)
+            node_log.close()
+    assert code == 0, (tmp_path / "node.log").read_text()[-3000:]
+    assert alive(tree) == set()
+    assert pids_with("sglang.launch_server", f"--port {port} ") == []
+    assert r.hlen(Keys("nd").workers) == 0
+    assert not calls.exists() or calls.read_text() == "", calls.read_text()
