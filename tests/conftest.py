@@ -19,6 +19,7 @@ from hypothesis import settings
 from real_engine.server import INSTALL_HINT, RealServer, model, sglang_python
 
 from queue_rollout.config import RolloutConfig
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.virtual.clock import ManualClock
@@ -44,11 +45,7 @@ def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer
     the session's real-engine tests. Without SGLang the tests skip saying how to install
     it; in CI (``CI=true``) that is a failure. After the session the ``sgl_kernel``
     stand-in's call file must be empty."""
-    python = sglang_python()
-    if python is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(INSTALL_HINT)
-        pytest.skip(INSTALL_HINT)
+    python = _sglang_or_skip()
     server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang"),
                         other_weights=model(python, seed=1))
     server.start()
@@ -56,6 +53,51 @@ def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer
     server.stop()
     assert not server.stand_in_calls(), f"the sgl_kernel stand-in was called: " \
         f"{server.stand_in_calls()}"
+
+
+@pytest.fixture(scope="session")
+def real_sglang_small_kv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """A real SGLang server whose KV pool holds 2,048 tokens (the tiny model of seed 0)."""
+    python = _sglang_or_skip()
+    server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang-kv"),
+                        max_total_tokens=2048)
+    server.start()
+    yield server
+    server.stop()
+    assert not server.stand_in_calls(), server.stand_in_calls()
+
+
+#: The prompt whose greedy output :func:`other_weights_greedy` gives.
+GREEDY_PROMPT = [5, 6, 7]
+
+
+@pytest.fixture(scope="session")
+def other_weights_greedy(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
+    """The greedy output (24 tokens) of the weights a weight update loads (seed 1), from a
+    server freshly started with them: the reference a server whose weights were
+    updated must match."""
+    python = _sglang_or_skip()
+    server = RealServer(python, model(python, seed=1), tmp_path_factory.mktemp("sglang-ref"))
+    server.start()
+    try:
+        g = SGLangClient(server.url, timeout=120).generate(
+            "reference", input_ids=GREEDY_PROMPT, timeout=120,
+            sampling_params={"max_new_tokens": 24, "ignore_eos": True, "temperature": 0.0})
+    finally:
+        server.stop()
+    assert not server.stand_in_calls(), server.stand_in_calls()
+    return g.output_ids
+
+
+def _sglang_or_skip() -> str:
+    """The Python that has SGLang; without one the test skips saying how to install it,
+    and fails in CI (``CI=true``)."""
+    python = sglang_python()
+    if python is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(INSTALL_HINT)
+        pytest.skip(INSTALL_HINT)
+    return python
 
 
 @pytest.fixture

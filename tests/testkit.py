@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TypeVar
 import redis
 
 from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.engines.sglang import Generation, SGLangClient
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 
@@ -46,6 +48,34 @@ def metric_sum(text: str, name: str) -> float:
     """The sum of every series of metric *name* in a Prometheus text exposition."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith((name + "{", name + " ")))
+
+
+class Generating:
+    """Requests generating on a replica, each in a thread (prompt ``[5, 6, 7, i]``,
+    *tokens* with ``ignore_eos``); :meth:`join` returns their answers by rid."""
+
+    def __init__(self, client: SGLangClient, rids: list[str], tokens: int) -> None:
+        self.client, self.tokens = client, tokens
+        self.answers: dict[str, Generation] = {}
+        self.threads = [threading.Thread(target=self._run, args=(rid, i))
+                        for i, rid in enumerate(rids)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, rid: str, i: int) -> None:
+        self.answers[rid] = self.client.generate(
+            rid, input_ids=[5, 6, 7, i], timeout=300,
+            sampling_params={"max_new_tokens": self.tokens, "ignore_eos": True})
+
+    def join(self, timeout: float = 300) -> dict[str, Generation]:
+        for t in self.threads:
+            t.join(timeout)
+        return self.answers
+
+
+def running(client: SGLangClient) -> float:
+    """``sglang:num_running_reqs`` from the replica's /metrics (both engines export it)."""
+    return metric_sum(client.metrics(), "sglang:num_running_reqs")
 
 
 def trivial_prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:

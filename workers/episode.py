@@ -47,7 +47,7 @@ from queue_rollout.engines.sim_server import prompt_params
 from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.core import Answer, Ledger, Renewal
 from queue_rollout.ledger.group_shapes import member_shape
-from queue_rollout.results import EpisodeResult, encode_result
+from queue_rollout.results import EpisodeResult, add_tokens, encode_result
 from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow
 
 log = logging.getLogger(__name__)
@@ -300,8 +300,8 @@ class AttemptRunner:
             prompt_tokens += gen.prompt_tokens or 0
             cached_tokens += gen.cached_tokens
             live.tokens += len(gen.output_ids)
-            if gen.output_ids:
-                runs.append((version, len(gen.output_ids)))
+            for run in gen.version_runs(version):
+                add_tokens(runs, *run)
             if not gen.aborted:
                 break
             if self._stopping(live):

@@ -80,9 +80,10 @@ class AdaptiveLimit:
         before = self.limit
         after = self.control.observe(signal)
         if after != before:
-            log.info("worker %s: limit %d -> %d slots (token usage %.2f, %d queued, "
-                     "%d retractions so far)", self.worker_id, before, after,
-                     signal.token_usage, signal.queued, signal.retractions)
+            log.info("worker %s: limit %d -> %d slots (token usage %.2f, %s running, "
+                     "%d queued, %d retractions so far)", self.worker_id, before, after,
+                     signal.token_usage, "?" if signal.running is None else signal.running,
+                     signal.queued, signal.retractions)
         return after
 
     def _without_metrics(self) -> None:

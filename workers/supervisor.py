@@ -251,6 +251,13 @@ class Supervisor:
             self._weights_epoch = c.weights_epoch
             ack = Ack(c.weights_epoch)
             try:
+                if self._paused_epoch is not None and pause_mode(c.pause_mode) == "in_place":
+                    # requests paused in place hold KV the old weights computed: SGLang
+                    # loads the new weights but refuses to flush its cache over them
+                    # (HTTP 400), so they are retracted and computed again under the new
+                    self.client.pause("retract")
+                    log.info("worker %s: requests paused in place retracted for the "
+                             "weight update", self.worker_id)
                 self.client.update_weights_from_disk(
                     c.weights_path, weight_version=c.weights_version or None,
                     timeout=self.config.timeouts.pause_barrier)
@@ -277,6 +284,13 @@ class Supervisor:
         self._stop = True
 
     def _shutdown(self, registry: Registry) -> None:
+        if self._paused_epoch is not None:  # never leave the replica paused
+            try:
+                self.client.resume()
+                log.info("worker %s: replica resumed on the way out", self.worker_id)
+            except EngineError as exc:
+                log.warning("worker %s: could not resume the replica on the way out: %s",
+                            self.worker_id, exc)
         stop_all((c.proc for c in self.children if c.proc),
                  self.config.timeouts.shutdown_grace + 30)
         if self.limit_file is not None:

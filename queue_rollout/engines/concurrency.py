@@ -16,8 +16,14 @@ by additive increase and multiplicative decrease (AIMD):
 - **Increase** by ``INCREASE`` (up to the ceiling) when token usage is under the mark,
   nothing waits in the replica's queue and nothing was retracted: one slot a look, so
   a limit climbs from 1 to 16 in about 15 s, well within one long episode.
-- **Hold** otherwise (under the mark with requests queued: the replica is admitting
-  at its own pace, more would only wait).
+- **Come down to what the replica runs** (not below the floor) when requests wait in
+  its queue at two looks in a row: a replica admits a request only when its KV pool
+  has room for what the running ones may still grow to, so a queue that stays says the
+  pool is full although usage may read well under the mark (SGLang reserves room it
+  has not used yet). A slot whose request waits in that queue is a slot another
+  replica could run; a queue seen once may be a request between arrival and its
+  prefill.
+- **Hold** otherwise (requests queued at one look only).
 
 The mark is 0.90 of the pool: SGLang retracts when the next decode step does not fit,
 that is at a usage of 1.0 less a few tokens per running request, so 0.90 leaves room
@@ -45,6 +51,7 @@ INCREASE = 1
 #: The metrics read (SGLang's names: ``observability/metrics_collector.py``).
 TOKEN_USAGE = "sglang:token_usage"
 QUEUED = "sglang:num_queue_reqs"
+RUNNING = "sglang:num_running_reqs"
 RETRACTED = "sglang:num_retracted_requests_total"
 #: One sample line of the text format: a name, labels (quoted values may hold braces),
 #: a value (a timestamp may follow).
@@ -55,11 +62,14 @@ _SAMPLE = re.compile(r'(?P<name>sglang[:_][A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\
 @dataclass(frozen=True, slots=True)
 class KvSignal:
     """One look at a replica: token usage (held tokens less the evictable cache, a
-    share of the pool), requests waiting in its queue, requests retracted so far."""
+    share of the pool), requests waiting in its queue, requests retracted so far
+    (SGLang exports the counter only after its first retraction: none before), and
+    requests running (None where the replica does not say)."""
 
     token_usage: float
     queued: int
     retractions: int
+    running: int | None = None
 
 
 def parse_metrics(text: str) -> KvSignal | None:
@@ -71,8 +81,8 @@ def parse_metrics(text: str) -> KvSignal | None:
     count the same requests still tells. ``sglang_`` names (as a router that rewrites
     the colon serves them) read as ``sglang:`` ones."""
     usage: list[float] = []
-    queued = retracted = 0.0
-    found_queue = False
+    queued = retracted = running = 0.0
+    found_queue = found_running = False
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None:
@@ -91,9 +101,13 @@ def parse_metrics(text: str) -> KvSignal | None:
             found_queue = True
         elif name == RETRACTED:
             retracted += value
+        elif name == RUNNING:
+            running += value
+            found_running = True
     if not usage or not found_queue:
         return None
-    return KvSignal(max(usage), int(queued), int(retracted))
+    return KvSignal(max(usage), int(queued), int(retracted),
+                    int(running) if found_running else None)
 
 
 @dataclass
@@ -104,6 +118,7 @@ class SlotLimit:
     floor: int = 1
     limit: int = field(init=False)
     _retractions: int | None = field(default=None, init=False)
+    _queued: bool = field(default=False, init=False)  # requests waited at the last look
 
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.ceiling:
@@ -115,8 +130,13 @@ class SlotLimit:
         last, self._retractions = self._retractions, signal.retractions
         # a lower count than last time: the replica restarted (its counters did)
         retracted = last is not None and signal.retractions > last
+        queued_before, self._queued = self._queued, signal.queued > 0
         if retracted or signal.token_usage > HIGH_WATER:
             self.limit = max(self.floor, math.floor(self.limit * DECREASE))
+        elif queued_before and self._queued:
+            runs = (signal.running if signal.running is not None
+                    else math.floor(self.limit * DECREASE))
+            self.limit = max(self.floor, min(self.limit, runs))
         elif signal.queued == 0:
             self.limit = min(self.ceiling, self.limit + INCREASE)
         return self.limit

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from queue_rollout.errors import QueueRolloutError
+from queue_rollout.results import add_tokens
 
 #: SGLang's /pause_generation modes.
 PauseMode = Literal["abort", "in_place", "retract"]
@@ -71,10 +72,31 @@ class Generation:
     weight_version: str | None
     meta_info: dict[str, Any] = field(repr=False)
     cached_tokens: int = 0  # of prompt_tokens, found in the replica's prefix cache
+    #: SGLang's ``weight_versions``: (version, start, end) over the output, end exclusive,
+    #: where the weights changed while the request ran (empty when not returned)
+    weight_spans: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def aborted(self) -> bool:
         return self.finish_reason.get("type") == "abort"
+
+    def version_runs(self, sent_under: int) -> list[tuple[int, int]]:
+        """The policy versions of its output tokens as (version, count) runs: from the
+        replica's ``weight_versions`` spans where it returns them, else all *sent_under*
+        (the farm's version when the request was sent). A span whose version is not a
+        number (SGLang names the weights it started with ``default``) counts as
+        *sent_under*."""
+        n = len(self.output_ids)
+        runs: list[tuple[int, int]] = []
+        covered = 0
+        for version, start, end in self.weight_spans:
+            end = min(end, n)
+            add_tokens(runs, int(version) if version.isdigit() else sent_under,
+                       end - max(start, covered))
+            covered = max(covered, end)
+        # no spans, or spans short of the output: the version it was sent under
+        add_tokens(runs, sent_under, n - covered)
+        return runs
 
 
 class SGLangClient:
@@ -150,6 +172,7 @@ class SGLangClient:
             completion_tokens=int(meta.get("completion_tokens", 0)),
             prompt_tokens=meta.get("prompt_tokens"), weight_version=meta.get("weight_version"),
             meta_info=meta, cached_tokens=int(meta.get("cached_tokens") or 0),
+            weight_spans=_spans(meta.get("weight_versions")),
         )
 
     def abort(self, rid: str) -> None:
@@ -223,6 +246,18 @@ class SGLangClient:
         if not isinstance(result, dict) or not result.get("success"):
             raise EngineError(f"{self.url}: weight update failed: {result}")
         return result
+
+
+def _spans(value: Any) -> tuple[tuple[str, int, int], ...]:
+    """SGLang's ``weight_versions`` (``[{version, start, end}]``); () when absent or
+    not in that form (older SGLang returns none)."""
+    if not isinstance(value, list):
+        return ()
+    try:
+        return tuple((str(span["version"]), int(span["start"]), int(span["end"]))
+                     for span in value)
+    except (TypeError, KeyError, ValueError):
+        return ()
 
 
 def _message(raw: bytes) -> str:

@@ -127,6 +127,11 @@ class SimRequest:
     started: float | None = None
     cached_tokens: int = 0  # prompt tokens found in the cache at the first admission
     retractions: int = 0
+    #: how it ends when it reaches *target* unless cut short: a stop (EOS or a stop
+    #: token, ``{"type": "stop", "matched": id}``); None: ``length``
+    stop_reason: dict[str, Any] | None = None
+    #: the weights changed while it ran: (the version before, output tokens by then)
+    version_events: list[tuple[str, int]] = field(default_factory=list)
     computed_tokens: int = 0  # context tokens prefilled for it, every admission included
     on_done: Callable[[SimRequest, dict[str, Any]], None] | None = field(default=None, repr=False)
     # engine state
@@ -259,7 +264,7 @@ class SimModel:
             else:
                 done = [r for r in self.running.values() if r.target - r.produced <= _EPS]
                 for r in done:
-                    self._end(r, {"type": "length", "length": r.target})
+                    self._end(r, r.stop_reason or {"type": "length", "length": r.target})
                 if not done:
                     self._retract_for_decode()
             self._schedule()
@@ -441,7 +446,8 @@ class SimModel:
             raise PromptTooLong(f"{prompt} prompt tokens do not fit a KV pool of "
                                 f"{self.max_total_tokens} tokens")
         request.max_new = min(request.target if request.max_new < 0 else request.max_new, room)
-        request.target = min(request.target, request.max_new)
+        if request.target > request.max_new:  # cut short by the room: not its stop
+            request.target, request.stop_reason = request.max_new, None
         request.arrived = self.now
         self.counters.requests += 1
         self.counters.prompt_tokens += prompt
@@ -472,6 +478,7 @@ class SimModel:
                     continue
                 self.running.pop(r.rid, None)
                 self._release(r)
+                r.retractions += 1  # its answer counts it; SGLang's counter does not
                 r._extend_left = 0
                 r.produced = float(r.tokens)
                 self.waiting.append(r)
@@ -483,14 +490,39 @@ class SimModel:
         self.paused = None
         self._schedule()
 
-    def update_weights(self, version: str) -> bool:
-        """A new policy version; the cache is flushed when nothing is in flight (as
-        SGLang's ``flush_cache`` after ``update_weights_from_disk``). Whether it was."""
+    def update_weights(self, version: str, flush: bool = True) -> bool:
+        """A new policy version (each request with output records the change, as
+        SGLang's ``weight_versions`` spans say), then the cache is flushed when *flush*
+        (SGLang's ``flush_cache`` after ``update_weights_from_disk``). False when the
+        flush was refused (:meth:`flush_cache`)."""
+        for r in self._requests():
+            if r.tokens:
+                r.version_events.append((self.weight_version, r.tokens))
         self.weight_version = version
-        if self._requests():
+        return self.flush_cache() if flush else True
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; refused (False) while requests run or, unless
+        paused, wait (SGLang's ``is_fully_idle``: a paused server ignores its queue)."""
+        if self.running or self._prefill or self._chunked or (self.waiting and not self.paused):
             return False
         self.cache.flush()
         return True
+
+    def version_spans(self, r: SimRequest) -> list[dict[str, Any]]:
+        """SGLang's ``weight_versions`` of *r*'s output: ``{version, start, end}``
+        spans, end exclusive."""
+        n = r.tokens
+        spans: list[tuple[str, int, int]] = []  # (version, start, end)
+        for version, end in [*r.version_events, (self.weight_version, n)]:
+            end = min(end, n)
+            if spans and end <= spans[-1][2]:
+                continue
+            if spans and spans[-1][0] == version:
+                spans[-1] = (version, spans[-1][1], end)
+                continue
+            spans.append((version, spans[-1][2] if spans else 0, end))
+        return [{"version": v, "start": start, "end": end} for v, start, end in spans]
 
     def _end(self, r: SimRequest, finish_reason: dict[str, Any]) -> None:
         ran = r.rid in self.running

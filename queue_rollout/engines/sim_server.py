@@ -51,6 +51,12 @@ SAMPLING_KEYS = frozenset({
     "spaces_between_special_tokens", "no_stop_trim", "custom_params", "stream_interval",
     "logit_bias", "sampling_seed",
 })
+#: SGLang's answers to a weight update whose cache flush it refused, and to /flush_cache
+CACHE_NOT_FLUSHED = ("Weights were updated, but the cache was not flushed because requests "
+                     "are still running or queued. Retract or finish them, then call "
+                     "/flush_cache.")
+CACHE_FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there "
+                 "are running or waiting requests, the operation will not be performed.)\n")
 DEFAULT_SEED = 42  # SGLang's seed when none is given under deterministic inference
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
@@ -77,6 +83,24 @@ def output_length(seed: int, params: dict[str, Any]) -> int:
     u2 = (_h("len2", seed) % 1_000_000) / 1_000_000
     z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
     return max(1, min(max_new, round(max_new / 8 * math.exp(z))))
+
+
+def stop_at(seed: int, params: dict[str, Any], max_new: int
+            ) -> tuple[int, dict[str, Any] | None]:
+    """Where a request's output ends and why: at the first of its ``stop_token_ids``
+    (included, as SGLang returns it), else after :func:`output_length` tokens; a stop
+    before ``max_new_tokens`` says ``stop`` with the token matched (the simulated
+    replica's EOS is the token it ended on), else None (``length``)."""
+    length = output_length(seed, params)
+    stops = set(params.get("stop_token_ids") or ())
+    if stops and not params.get("ignore_eos"):
+        for i, token in enumerate(token_ids(seed, 0, max(0, max_new))):
+            if token in stops:
+                return i + 1, {"type": "stop", "matched": token}
+        return max_new, None
+    if length < max_new:
+        return length, {"type": "stop", "matched": token_ids(seed, length - 1, 1)[0]}
+    return length, None
 
 
 def prompt_params(prompt: dict[str, Any]) -> dict[str, Any]:
@@ -112,14 +136,17 @@ class SimEngineServer:
     """The HTTP face of one simulated replica. ``await start()``, then ``serve_forever``."""
 
     def __init__(self, model: SimModel, *, host: str = "127.0.0.1", port: int = 0,
-                 request_log: Path | None = None, max_body: int = 64 << 20) -> None:
+                 request_log: Path | None = None, max_body: int = 64 << 20,
+                 context_length: int = 1 << 20) -> None:
         self.model = model
+        self.context_length = context_length  # a longer prompt is refused, as SGLang does
         self.host, self.port = host, port
         self.boot_id = uuid.uuid4().hex
         self.request_log = request_log
         self.max_body = max_body
         self.healthy = True
         self.model_path = "sim"  # what /get_model_info names: the last weights loaded
+        self.info_version = model.weight_version  # and the version it names
         self._wake = asyncio.Event()
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -237,9 +264,12 @@ class SimEngineServer:
                "/metrics": self._metrics}
         post = {"/abort_request": self._abort, "/pause_generation": self._pause,
                 "/continue_generation": self._continue,
-                "/update_weights_from_disk": self._update_weights}
+                "/update_weights_from_disk": self._update_weights,
+                "/flush_cache": self._flush_cache}
         if method == "GET" and path in get:
             return get[path]()
+        if method == "GET" and path == "/flush_cache":  # SGLang takes GET or POST
+            return await self._flush_cache({})
         if method in ("POST", "PUT") and path == "/generate":
             return await self._generate(_json(body), reader)
         if method == "POST" and path in post:
@@ -315,7 +345,7 @@ class SimEngineServer:
         return _Text("\n".join(lines) + "\n")
 
     def _model_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "weight_version": self.model.weight_version}
+        return {"model_path": self.model_path, "weight_version": self.info_version}
 
     async def _abort(self, body: dict[str, Any]) -> None:
         self._sync()
@@ -349,15 +379,25 @@ class SimEngineServer:
             self._sync()
             await self._idle.wait()
         version = body.get("weight_version")
+        self._sync()
+        # the weights load either way; a refused flush fails the call, and then neither
+        # /get_model_info nor the version it names change (the tokens' version does)
+        if not self.model.update_weights(self.model.weight_version if version is None
+                                         else str(version), bool(body.get("flush_cache", True))):
+            raise HTTPError(400, {"success": False, "message": CACHE_NOT_FLUSHED,
+                                  "num_paused_requests": 0})
+        self.model_path = str(body["model_path"])
+        self.info_version = self.model.weight_version
         message = "Succeeded to update model weights."
         if version is not None:
             message += f" Weight version updated to {version}."
-        self._sync()
-        self.model_path = str(body["model_path"])
-        if not self.model.update_weights(self.model.weight_version if version is None
-                                         else str(version)):
-            log.info("Cache not flushed because there are pending requests")
         return {"success": True, "message": message, "num_paused_requests": 0}
+
+    async def _flush_cache(self, body: dict[str, Any]) -> _Text:
+        self._sync()
+        if not self.model.flush_cache():
+            raise HTTPError(400, _Text("Flush cache failed.\n"))
+        return _Text(CACHE_FLUSHED)
 
     async def _generate(self, body: dict[str, Any], reader: asyncio.StreamReader) -> dict[str, Any]:
         params = body.get("sampling_params") or {}
@@ -374,6 +414,9 @@ class SimEngineServer:
             prompt = text_tokens(str(body["text"]))
         else:
             raise _error(400, "Either text or input_ids should be provided.")
+        if len(prompt) >= self.context_length:
+            raise _error(400, f"The input ({len(prompt)} tokens) is longer than the model's "
+                              f"context length ({self.context_length} tokens).")
         if params.get("max_new_tokens", 128) < 0:
             raise _error(400, "max_new_tokens must be at least 0")
         rid = str(body.get("rid") or uuid.uuid4().hex)
@@ -381,7 +424,7 @@ class SimEngineServer:
         seed = DEFAULT_SEED if seed is None else int(seed)
         self._sync()
         if self.model.active(rid):
-            raise _error(400, f"Duplicate request IDs detected: [{rid!r}]")
+            raise _error(400, f"Duplicate request ID detected: {rid}")
         await self._resumed.wait()  # a paused server holds new requests
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[SimRequest, dict[str, Any]]] = loop.create_future()
@@ -390,14 +433,15 @@ class SimEngineServer:
             if not done.done():
                 done.set_result((request, reason))
 
-        request = SimRequest(rid, seed, output_length(seed, params), self.model.weight_version,
-                             prompt=prompt, max_new=int(params.get("max_new_tokens", 128)),
-                             on_done=on_done)
+        max_new = int(params.get("max_new_tokens", 128))
+        length, stop = stop_at(seed, params, max_new)
+        request = SimRequest(rid, seed, length, self.model.weight_version, prompt=prompt,
+                             max_new=max_new, stop_reason=stop, on_done=on_done)
         self._sync()
         try:
             self.model.submit(request)
         except DuplicateRid:
-            raise _error(400, f"Duplicate request IDs detected: [{rid!r}]") from None
+            raise _error(400, f"Duplicate request ID detected: {rid}") from None
         except PromptTooLong as exc:
             raise _error(400, str(exc)) from None
         self._sync()
@@ -427,6 +471,7 @@ class SimEngineServer:
             "completion_tokens": n, "cached_tokens": r.cached_tokens,
             "num_retractions": r.retractions,
             "weight_version": self.model.weight_version,
+            "weight_versions": self.model.version_spans(r),
             "e2e_latency": now - r.arrived,
         }
         if body.get("return_logprob"):
@@ -487,14 +532,14 @@ class ThreadedSimEngine:
 
     def __init__(self, *, slots: int, step_ms: float, step_ms_per_request: float = 0.0,
                  host: str = "127.0.0.1", port: int = 0, request_log: Path | None = None,
-                 **kv: Any) -> None:
+                 context_length: int = 1 << 20, **kv: Any) -> None:
         import threading
 
         self.loop = asyncio.new_event_loop()
         self.server = SimEngineServer(
             SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request,
                      **kv),
-            host=host, port=port, request_log=request_log)
+            host=host, port=port, request_log=request_log, context_length=context_length)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="sim-engine")
         self.thread.start()

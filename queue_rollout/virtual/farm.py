@@ -453,7 +453,7 @@ class SimFarm:
             self._touch(j, lambda replica: None)
             limit = self._controllers[j].observe(KvSignal(
                 replica.token_usage(), len(replica.waiting),
-                replica.counters.retracted_requests))
+                replica.counters.retracted_requests, len(replica.running)))
             if limit != self.limits[j]:
                 self._limit_sum += limit - self.limits[j]
                 self.limits[j] = limit

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import http.server
 import logging
+import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import msgspec
+import pytest
 
 from queue_rollout.config import EngineConfig
 from queue_rollout.engines.concurrency import HIGH_WATER
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.workers.limits import NO_METRICS_RETRY_S, AdaptiveLimit, LimitFile, SlotGate
+from testkit import Generating
 
 
 class Clock:
@@ -114,3 +118,30 @@ def test_each_episode_process_takes_its_share_of_the_limit_counted_from_the_firs
         file.remove()
     assert not file.dir.exists()
     assert SlotGate("", 0, 3).share() == 3  # no limit file: every slot
+
+
+@pytest.mark.sglang
+def test_the_limit_comes_down_on_a_real_server_whose_kv_pool_queues_requests(
+        real_sglang_small_kv, caplog):
+    """SGLang admits a request only when its pool has room for what the running ones may
+    still grow to: eight long requests on a 2,048-token pool run two or three at a time,
+    the rest wait while token usage reads under the mark, and no request is retracted.
+    The queue, seen at two looks in a row, brings the limit down to what runs; the
+    change is logged with the signal that made it."""
+    caplog.set_level(logging.INFO, "queue_rollout.workers.limits")
+    engine = msgspec.convert({"slots_per_replica": 8}, EngineConfig)
+    client = SGLangClient(real_sglang_small_kv.url, timeout=30)
+    adaptive = AdaptiveLimit(engine, client, "kv")
+    episodes = Generating(client, [f"kv-{i}" for i in range(8)], 1000)
+    limits = []
+    while len(episodes.answers) < 8 and len(limits) < 120:
+        limits.append(adaptive.look())
+        time.sleep(0.25)
+    episodes.join()
+    assert min(limits) < 8
+    first = re.search(r"limit 8 -> (\d+) slots \(token usage ([\d.]+), (\d+) running, "
+                      r"(\d+) queued, (\d+) retractions", caplog.text)
+    assert first is not None, caplog.text
+    limit, usage, runs, queued, retractions = first.groups()
+    assert float(usage) <= HIGH_WATER and int(retractions) == 0 and int(queued) > 0
+    assert int(limit) == max(1, int(runs))

@@ -6,17 +6,21 @@ processes in tests/workers/test_worker.py, `pytest -m e2e`.)"""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import msgspec
 import pytest
 
 from queue_rollout.config import Config
+from queue_rollout.engines.sglang import PAUSE_MODES, SGLangClient
 from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
-from testkit import metric_sum
+from testkit import Generating, metric_sum, running, wait_for
 
 
 def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url):
@@ -77,3 +81,74 @@ def test_the_replica_watch_sees_no_outage_on_a_real_server_and_makes_it_generate
     assert sup._replica_up and "unreachable" not in caplog.text
     assert metric_sum(sup.client.metrics(),
                       "sglang:prefill_effective_tokens_total") == prefilled
+
+
+@dataclass
+class Replica:
+    url: str
+    other_weights: str  # a model_path a weight update may load
+    long: int  # output tokens that run a few seconds on it
+    reference: list[int] | None  # the other weights' greedy output, from a fresh server
+
+
+@pytest.fixture(params=["sim", pytest.param("sglang", marks=pytest.mark.sglang)])
+def replica(request: pytest.FixtureRequest) -> Iterator[Replica]:
+    if request.param == "sim":
+        with ThreadedSimEngine(slots=8, step_ms=20.0) as sim:
+            yield Replica(sim.url, "/models/other", 150, None)
+    else:
+        real = request.getfixturevalue("real_sglang")
+        yield Replica(real.url, str(real.other_weights), 1500,
+                      request.getfixturevalue("other_weights_greedy"))
+
+
+@pytest.mark.parametrize("mode", PAUSE_MODES)
+def test_a_weight_update_while_episodes_run_loads_in_every_pause_mode(
+        replica: Replica, r, redis_url, mode):
+    """SGLang refuses to flush its cache over requests paused in place (HTTP 400 after
+    loading the weights): the worker retracts them first. Every mode loads, the requests
+    that ran on say where their weights changed, and a greedy request afterwards equals
+    the new weights' output on a freshly started server."""
+    config = msgspec.convert({"farm": {"name": f"wu-{mode}", "redis_url": redis_url},
+                              "engine": {"pause_mode": mode}}, Config)
+    sup = Supervisor(config, gpu=0, engine_url=replica.url)
+    client = SGLangClient(replica.url, timeout=120)
+    registry = Registry(r, sup.keys, config.timeouts.lease)
+    ledger = Ledger.from_config(r, config)
+    episodes = Generating(client, [f"wu-{mode}-0", f"wu-{mode}-1"], replica.long)
+    try:
+        wait_for(lambda: running(client) == 2, 60, "two requests to run")
+        time.sleep(0.5)  # a few tokens each before the pause
+        ledger.pause(mode)
+        sup._follow_controls(registry)
+        version = 20 + PAUSE_MODES.index(mode)  # one each: the server is shared
+        epoch = registry.request_weights(replica.other_weights, version)
+        sup._follow_controls(registry)
+        assert registry.acks("weights", [sup.worker_id]) == {sup.worker_id: Ack(epoch)}
+    finally:
+        ledger.set_paused(False)
+        sup._follow_controls(registry)  # resumes the replica
+    for g in episodes.join().values():
+        runs = g.version_runs(8)
+        if mode == "abort":  # they ended at the pause, under the old weights
+            assert g.aborted and len(runs) == 1 and runs[0][0] != version
+        else:  # the old weights' tokens, then the new ones'
+            assert [v == version for v, _ in runs] == [False, True]
+            assert sum(n for _, n in runs) == replica.long
+    greedy = client.generate("greedy", input_ids=[5, 6, 7], timeout=120, sampling_params={
+        "max_new_tokens": 24, "ignore_eos": True, "temperature": 0.0})
+    assert greedy.weight_version == str(version)
+    if replica.reference is not None:
+        assert greedy.output_ids == replica.reference
+
+
+def test_a_worker_on_its_way_out_resumes_the_replica_it_paused(r, redis_url):
+    config = msgspec.convert({"farm": {"name": "out", "redis_url": redis_url}}, Config)
+    with ThreadedSimEngine(slots=2, step_ms=1.0) as engine:
+        sup = Supervisor(config, gpu=0, engine_url=engine.url)
+        registry = Registry(r, sup.keys, config.timeouts.lease)
+        Ledger.from_config(r, config).pause("in_place")
+        sup._follow_controls(registry)
+        assert engine.server.model.paused == "in_place"
+        sup._shutdown(registry)
+        assert engine.server.model.paused is None

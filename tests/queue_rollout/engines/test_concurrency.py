@@ -34,8 +34,22 @@ def test_usage_past_the_mark_decreases_a_queue_holds_and_room_increases_to_the_c
     limit = SlotLimit(4)
     assert limit.observe(KvSignal(HIGH_WATER + 0.01, 0, 0)) == 2
     assert limit.observe(KvSignal(HIGH_WATER, 3, 0)) == 2  # at the mark, queued: hold
-    assert limit.observe(KvSignal(0.5, 1, 0)) == 2  # under it, but requests wait: hold
-    assert [limit.observe(calm()) for _ in range(4)] == [3, 4, 4, 4]
+    assert limit.observe(calm()) == 3
+    assert limit.observe(KvSignal(0.5, 1, 0, running=2)) == 3  # queued once: hold
+    assert [limit.observe(calm()) for _ in range(3)] == [4, 4, 4]
+
+
+def test_a_queue_at_two_looks_in_a_row_brings_the_limit_down_to_what_runs():
+    """SGLang queues what its pool cannot promise room for while usage reads low: a
+    queue that stays is a full replica."""
+    limit = SlotLimit(8, floor=2)
+    assert limit.observe(KvSignal(0.3, 6, 0, running=2)) == 8  # once: a request arriving
+    assert limit.observe(KvSignal(0.4, 6, 0, running=3)) == 3  # twice: what it runs
+    assert limit.observe(KvSignal(0.5, 5, 0, running=1)) == 2  # not below the floor
+    assert limit.observe(KvSignal(0.5, 0, 0, running=2)) == 3  # drained: room again
+    limit = SlotLimit(8)
+    limit.observe(KvSignal(0.3, 2, 0))
+    assert limit.observe(KvSignal(0.3, 2, 0)) == 4  # running unknown: halved
 
 
 def test_a_counter_that_went_down_is_a_restarted_replica_not_a_retraction():
@@ -64,9 +78,9 @@ def test_parse_reads_sglang_s_text_format_series_by_series():
         'sglang:token_usage_other{model_name="m"} 0.99',
         "sglang:num_running_reqs 3.0",
     ])
-    assert parse_metrics(text) == KvSignal(0.75, 3, 7)
+    assert parse_metrics(text) == KvSignal(0.75, 3, 7, running=3)
     # as a router that rewrites the colon serves them
-    assert parse_metrics(text.replace("sglang:", "sglang_")) == KvSignal(0.75, 3, 7)
+    assert parse_metrics(text.replace("sglang:", "sglang_")) == KvSignal(0.75, 3, 7, 3)
 
 
 def test_parse_without_usage_or_queue_is_none_and_without_retractions_counts_none():
@@ -80,7 +94,7 @@ def test_parse_without_usage_or_queue_is_none_and_without_retractions_counts_non
 def test_the_simulated_replica_s_metrics_carry_the_model_s_usage_and_retractions():
     with ThreadedSimEngine(slots=4, step_ms=1.0, max_total_tokens=4096) as engine:
         signal = parse_metrics(SGLangClient(engine.url).metrics())
-        assert signal == KvSignal(0.0, 0, 0)
+        assert signal == KvSignal(0.0, 0, 0, running=0)
 
 
 def test_the_model_s_own_signal_rises_with_decode_and_counts_its_retractions():

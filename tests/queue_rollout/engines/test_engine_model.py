@@ -114,7 +114,7 @@ def test_abort_keeps_the_context_cached_and_retract_recomputes_the_output(
         m.submit(r)
         assert r.cached_tokens == 1000 + 500 - 1
     else:  # back in the queue, its prompt still cached, its output not
-        assert "a" not in m.running and r.retractions == 0
+        assert "a" not in m.running and r.retractions == 1  # counted in its answer
     m.advance(5.0 + recomputed_s - 1e-4)
     assert "a" not in m.running
     m.advance(5.0 + recomputed_s + 1e-4)
