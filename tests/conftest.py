@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 from hypothesis import settings
-from real_engine.server import INSTALL_HINT, RealServer, model, sglang_python
+from real_engine.server import INSTALL_HINT, RealServer, find_sglang_python, model
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.virtual.clock import ManualClock
@@ -67,6 +69,28 @@ def real_sglang_small_kv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     assert not server.stand_in_calls(), server.stand_in_calls()
 
 
+@dataclass
+class Replica:
+    """A replica to run requests on: the simulated one (fast tier) or the session's
+    real SGLang server (``pytest -m sglang``)."""
+
+    url: str
+    other_weights: str  # a model_path a weight update may load
+    long: int  # output tokens that run a few seconds on it
+    reference: list[int] | None  # the other weights' greedy output, from a fresh server
+
+
+@pytest.fixture(params=["sim", pytest.param("sglang", marks=pytest.mark.sglang)])
+def replica(request: pytest.FixtureRequest) -> Iterator[Replica]:
+    if request.param == "sim":
+        with ThreadedSimEngine(slots=8, step_ms=20.0) as sim:
+            yield Replica(sim.url, "/models/other", 150, None)
+    else:
+        real = request.getfixturevalue("real_sglang")
+        yield Replica(real.url, str(real.other_weights), 1500,
+                      request.getfixturevalue("other_weights_greedy"))
+
+
 #: The prompt whose greedy output :func:`other_weights_greedy` gives.
 GREEDY_PROMPT = [5, 6, 7]
 
@@ -89,10 +113,16 @@ def other_weights_greedy(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
     return g.output_ids
 
 
+@pytest.fixture(scope="session")
+def sglang_interpreter() -> str:
+    """The Python that has SGLang (the test skips without one, and fails in CI)."""
+    return _sglang_or_skip()
+
+
 def _sglang_or_skip() -> str:
     """The Python that has SGLang; without one the test skips saying how to install it,
     and fails in CI (``CI=true``)."""
-    python = sglang_python()
+    python = find_sglang_python()
     if python is None:
         if os.environ.get("CI") == "true":
             pytest.fail(INSTALL_HINT)

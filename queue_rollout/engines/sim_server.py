@@ -340,8 +340,11 @@ class SimEngineServer:
         ]
         lines = []
         for name, kind, doc, value, label in metrics:
-            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} {kind}",
-                      f"sglang:{name}{label} {float(value)!r}"]
+            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} {kind}"]
+            # SGLang's retraction counters have no sample before the first retraction
+            if not (name.startswith("num_retracted_") and kind == "counter"
+                    and not c.retracted_requests):
+                lines.append(f"sglang:{name}{label} {float(value)!r}")
         return _Text("\n".join(lines) + "\n")
 
     def _model_info(self) -> dict[str, Any]:

@@ -30,12 +30,14 @@ INSTALL_HINT = (
     f"no SGLang: install it in a venv of its own (python3 -m venv "
     f"{CACHE}/sglang-{SGLANG_VERSION} && {CACHE}/sglang-{SGLANG_VERSION}/bin/pip install "
     f"sglang=={SGLANG_VERSION}) or name its Python in QUEUE_ROLLOUT_SGLANG_PYTHON")
-#: The launch arguments of a CPU server (DESIGN's facts; the tier checks them).
+#: The launch arguments of a CPU server. ``--sleep-on-idle``: an idle scheduler
+#: otherwise polls without pause and holds a whole core, which on a 2-core machine
+#: halves every other server's speed.
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-            "--enable-metrics"]
+            "--enable-metrics", "--sleep-on-idle"]
 
 
-def sglang_python() -> str | None:
+def find_sglang_python() -> str | None:
     """The Python that has SGLang, or None when there is none."""
     python = os.environ.get("QUEUE_ROLLOUT_SGLANG_PYTHON") or str(
         CACHE / f"sglang-{SGLANG_VERSION}" / "bin" / "python")
@@ -138,7 +140,7 @@ class RealServer:
 
 
 if __name__ == "__main__":  # a server by hand: python server.py SEED
-    found = sglang_python()
+    found = find_sglang_python()
     if found is None:
         sys.exit(INSTALL_HINT)
     server = RealServer(found, model(found, int(sys.argv[1]) if len(sys.argv) > 1 else 0),

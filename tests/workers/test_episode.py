@@ -16,6 +16,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.results import decode_result
 from queue_rollout.workers.episode import AttemptRunner
 from queue_rollout.workers.workflows import extract_answer, load_workflow
+from testkit import running, wait_for
 
 
 def make_config(**sections) -> Config:
@@ -200,7 +201,7 @@ def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow)
     assert versions == [0, 1] and 0 < result.version_runs[0][1] < 300
 
 
-def test_pause_in_place_keeps_the_request_and_counts_tokens_under_the_oldest_version(r, slow):
+def test_pause_in_place_without_new_weights_keeps_the_request_and_its_version(r, slow):
     config = make_config()  # pause_mode in_place
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [150, 1]}])
     runner = runner_for(ledger, config, slow.url)
@@ -215,9 +216,34 @@ def test_pause_in_place_keeps_the_request_and_counts_tokens_under_the_oldest_ver
     t.join(15)
     assert out["v"] == "finished"
     result = decode_result(ledger.result("p", 0), 1 << 20)
-    # one request spanned the update: a non-streaming client cannot see where, so its
-    # tokens take the oldest version that may have produced them (DESIGN section 6)
+    # the replica loaded no weights: its spans say one version, the one it was sent under
     assert len(result.output_ids) == 150 and result.version_runs == [(0, 150)]
+
+
+def test_a_request_that_spans_a_weight_update_takes_each_token_s_version_from_the_replica(
+        r, replica):
+    """The replica's ``weight_versions`` spans say where its weights changed inside one
+    request: the tokens before carry the old version, the rest the new one."""
+    config = make_config(engine={"pause_mode": "retract"})
+    client = SGLangClient(replica.url, timeout=120)
+    client.update_weights_from_disk(replica.other_weights, weight_version="0")  # the farm's
+    n = replica.long
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [n, 1]}])
+    runner = AttemptRunner(ledger=ledger, config=config, worker_id="w0", boot_id="boot0",
+                           client=SGLangClient(replica.url, timeout=120),
+                           workflow=load_workflow(config))
+    t, out = run_in_background(runner, adm.attempt_ids[0])
+    wait_for(lambda: running(client) == 1, 60, "the request to run")
+    time.sleep(0.5)  # a few tokens under version 0
+    client.pause("retract")
+    client.update_weights_from_disk(replica.other_weights, weight_version="41")
+    ledger.set_version(41)
+    client.resume()
+    t.join(120)
+    assert out["v"] == "finished"
+    result = decode_result(ledger.result("p", 0), 1 << 20)
+    (old, before), (new, after) = result.version_runs
+    assert (old, new, before + after) == (0, 41, n) and before > 0
 
 
 def test_a_timeout_starts_no_second_attempt_while_the_replica_still_runs_the_first(r, slow):

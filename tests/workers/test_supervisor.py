@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import msgspec
 import pytest
@@ -83,28 +81,9 @@ def test_the_replica_watch_sees_no_outage_on_a_real_server_and_makes_it_generate
                       "sglang:prefill_effective_tokens_total") == prefilled
 
 
-@dataclass
-class Replica:
-    url: str
-    other_weights: str  # a model_path a weight update may load
-    long: int  # output tokens that run a few seconds on it
-    reference: list[int] | None  # the other weights' greedy output, from a fresh server
-
-
-@pytest.fixture(params=["sim", pytest.param("sglang", marks=pytest.mark.sglang)])
-def replica(request: pytest.FixtureRequest) -> Iterator[Replica]:
-    if request.param == "sim":
-        with ThreadedSimEngine(slots=8, step_ms=20.0) as sim:
-            yield Replica(sim.url, "/models/other", 150, None)
-    else:
-        real = request.getfixturevalue("real_sglang")
-        yield Replica(real.url, str(real.other_weights), 1500,
-                      request.getfixturevalue("other_weights_greedy"))
-
-
 @pytest.mark.parametrize("mode", PAUSE_MODES)
 def test_a_weight_update_while_episodes_run_loads_in_every_pause_mode(
-        replica: Replica, r, redis_url, mode):
+        replica, r, redis_url, mode):
     """SGLang refuses to flush its cache over requests paused in place (HTTP 400 after
     loading the weights): the worker retracts them first. Every mode loads, the requests
     that ran on say where their weights changed, and a greedy request afterwards equals

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -137,6 +138,7 @@ def test_a_pause_and_a_weight_update_while_requests_run(engine: Engine, mode: st
     long = Generating(client, [f"{mode}-a", f"{mode}-b"], n)
     try:
         wait_for(lambda: running(client) == 2, 60, "two requests to run")
+        time.sleep(0.5)  # a few tokens each before the pause
         client.pause(mode)
         if mode == "in_place":  # they stay in the running batch, holding their KV
             assert (running(client), queue(client)) == (2, 0)
@@ -188,8 +190,12 @@ def test_flush_cache_is_refused_while_a_request_runs_and_empties_the_cache_after
     assert refused.value.status == 400 and "Flush cache failed." in str(refused.value)
     client.abort("flush-busy")
     busy.join(60)
-    status, text = client._request("POST", "/flush_cache", None, 60)
-    assert status == 200 and text.decode() == CACHE_FLUSHED
+    # the abort's answer may come before the scheduler has let the request go
+    def flush() -> bytes | None:
+        status, text = client._request("POST", "/flush_cache", None, 60)
+        return text if status == 200 else None
+
+    assert wait_for(flush, 30, "the flush to go through").decode() == CACHE_FLUSHED
     again = client.generate("cold", input_ids=prompt, sampling_params=params, timeout=60)
     assert again.cached_tokens == 0
 

@@ -219,6 +219,25 @@ def test_lengths_without_ignore_eos_are_seeded_and_long_tailed():
     assert 1500 < median < 2600 and p99 > 5 * median and max(lengths) <= 16384
 
 
+def test_an_output_that_ends_on_its_own_says_stop_and_one_cut_at_max_new_tokens_length(
+        replica):
+    """SGLang says ``stop`` (with the token matched) for an EOS: the simulated replica's
+    seeded end is its EOS. An output the budget cut says ``length``."""
+    from queue_rollout.engines.sim_server import output_length
+
+    seeds = range(200)
+    short = next(s for s in seeds if output_length(s, {"max_new_tokens": 64}) < 64)
+    cut = next(s for s in seeds if output_length(s, {"max_new_tokens": 64}) == 64)
+    params = {"max_new_tokens": 64}
+    ended = replica.client.generate("ends", input_ids=[1, 2], timeout=5,
+                                    sampling_params={**params, "sampling_seed": short})
+    assert 0 < len(ended.output_ids) < 64
+    assert ended.finish_reason == {"type": "stop", "matched": ended.output_ids[-1]}
+    full = replica.client.generate("cut", input_ids=[1, 2], timeout=5,
+                                   sampling_params={**params, "sampling_seed": cut})
+    assert full.finish_reason == {"type": "length", "length": 64}
+
+
 # -- the engine model over HTTP: the same script as the model in virtual time ----------
 
 SCRIPT = [(0.0, "a", list(range(10))), (0.02, "long-prompt", list(range(100, 200))),

@@ -276,6 +276,7 @@ def test_sglang_replicas_are_launched_pinned_with_the_documented_arguments(
                       'deterministic = true\nsglang_args = ["--mem-fraction-static", "0.8"]')
     base = load_config(toml).engine.base_port
     env = {**os.environ, "PYTHONPATH": str(fake), "STAND_IN_RECORD": str(record)}
+    env.pop(SGLANG_PYTHON_ENV, None)  # the fake sglang is this Python's (node's own)
     node = start_node(toml, "3,5", env)
     try:
         wait_for(lambda: len(registered(r)) == 2, 60, "two workers registered")
@@ -344,16 +345,12 @@ def replica_pid(node: subprocess.Popen, port: int) -> int:
 @pytest.mark.sglang
 @pytest.mark.timeout(600)
 def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops(
-        tmp_path, redis_url, r):
-    """A real SGLang server on this CPU: healthy, its worker registered against its boot;
-    SIGKILLed, it is restarted under a new boot id (its own processes gone with it) and
-    its worker with it; SIGTERM stops node with nothing of SGLang left behind, and the
-    sgl_kernel stand-in was never called."""
-    python = tier.sglang_python()
-    if python is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(tier.INSTALL_HINT)
-        pytest.skip(tier.INSTALL_HINT)
+        tmp_path, redis_url, r, sglang_interpreter):
+    """A real SGLang server on this CPU: healthy, its worker registered against its boot
+    and watching it without a false outage; SIGKILLed, it is restarted under a new boot
+    id (its own processes gone with it) and its worker with it; SIGTERM stops node with
+    nothing of SGLang left behind, and the sgl_kernel stand-in was never called."""
+    python = sglang_interpreter
     args = [*tier.CPU_ARGS, "--max-total-tokens", "16384"]
     toml = write_farm(tmp_path, redis_url, f'kind = "sglang"\npython = "{python}"\n'
                       f'model_path = "{tier.model(python, seed=0)}"\ndeterministic = false\n'
@@ -371,6 +368,9 @@ def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops
         first = wait_for(lambda: registered(r).get(0), 240, "the first boot's worker")
         healthy_s = time.monotonic() - began
         assert first == boots(tmp_path)[-1]["boot_id"]
+        time.sleep(5)  # five of the worker's looks at its replica
+        worker_log = tmp_path / "state" / "node" / "worker-gpu0.log"
+        assert "unreachable" not in worker_log.read_text()
         victim = replica_pid(node, port)
         its_processes = process_tree(victim)
         assert len(its_processes) >= 3  # the server, its scheduler and its detokenizer
