@@ -261,12 +261,17 @@ def _spans(value: Any) -> tuple[tuple[str, int, int], ...]:
 
 
 def _message(raw: bytes) -> str:
-    """The error text of an SGLang error body: {"error": {"message"}} or {"error": "..."}."""
+    """The error text of an SGLang error body: {"error": {"message"}}, {"error": "..."}
+    or a control call's {"success": false, "message": "..."}."""
     try:
         body = json.loads(raw)
     except ValueError:
         return raw[:200].decode(errors="replace")
-    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        return str(body)
+    error = body.get("error")
     if isinstance(error, dict):
         return str(error.get("message", error))
+    if error is None and "message" in body:
+        return str(body["message"])
     return str(error if error is not None else body)

@@ -6,8 +6,10 @@ over the endpoints the worker uses, answering as SGLang >= 0.5.10 answers (see
 ``return_logprob``), ``/abort_request`` (always 200), ``/pause_generation`` (``abort``,
 ``in_place``, ``retract``), ``/continue_generation``,
 ``/health``, ``/get_server_info`` (with this process's ``boot_id``),
-``/update_weights_from_disk``. An rid still in flight is refused with 400; a client
-that disconnects aborts its request, as SGLang does.
+``/get_model_info``, ``/update_weights_from_disk`` (refused with SGLang's 400 when its
+cache flush is: requests running or paused in place), ``/flush_cache``, ``/metrics``.
+An rid still in flight is refused with 400; a client that disconnects aborts its
+request, as SGLang does. Each answer carries SGLang's ``weight_versions`` spans.
 
 Tokens, logprobs and text are deterministic functions of ``sampling_seed``. For math
 prompts the worker passes ``custom_params = {"sim_answer": X, "sim_p_correct": p}``;
