@@ -12,7 +12,7 @@ announced on the farm's controls channel, re-reading them at least every
 ``CONTROLS_REREAD_S``, and reports itself alive every lease / 3: an idle supervisor
 makes well under one Redis call a second.
 
-It watches its replica every ``health_s`` through ``/get_model_info``, which answers
+It watches its replica every ``health_s`` through ``/model_info``, which answers
 without a generation (SGLang's ``/health`` generates a token and takes about a second).
 A failure is logged once and recorded (``replica_up`` in the worker's record); a replica
 that reports its boot id (the simulated one does; SGLang does not, and ``queue-rollout

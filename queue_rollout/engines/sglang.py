@@ -212,10 +212,10 @@ class SGLangClient:
         return True
 
     def alive(self, timeout: float = 2.0) -> bool:
-        """``GET /get_model_info``: the replica's server answers, in milliseconds and
+        """``GET /model_info``: the replica's server answers, in milliseconds and
         without a generation (SGLang's server goes down whole when its scheduler dies)."""
         try:
-            self._control("GET", "/get_model_info", timeout=timeout)
+            self._control("GET", "/model_info", timeout=timeout)
         except EngineError:
             return False
         return True
@@ -232,9 +232,9 @@ class SGLangClient:
         return raw.decode(errors="replace")
 
     def server_info(self) -> dict[str, Any]:
-        info = self._control("GET", "/get_server_info")
+        info = self._control("GET", "/server_info")
         if not isinstance(info, dict):
-            raise EngineError(f"{self.url}/get_server_info: not a JSON object: {info!r}")
+            raise EngineError(f"{self.url}/server_info: not a JSON object: {info!r}")
         return info
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,

@@ -25,7 +25,7 @@ SGLANG_VERSION = "0.5.23"
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("QUEUE_ROLLOUT_CACHE", Path.home() / ".cache" / "queue-rollout"))
 STAND_IN = HERE / "stand_in"
-STAND_IN_LOG_ENV = "SGL_KERNEL_STAND_IN_LOG"
+STAND_IN_LOG_ENV = "QUEUE_ROLLOUT_STAND_IN_LOG"  # not SGL_*: SGLang warns of those
 INSTALL_HINT = (
     f"no SGLang: install it in a venv of its own (python3 -m venv "
     f"{CACHE}/sglang-{SGLANG_VERSION} && {CACHE}/sglang-{SGLANG_VERSION}/bin/pip install "

@@ -179,7 +179,7 @@ def test_a_worker_against_a_replica_without_a_boot_id_runs_and_resolves_doubt(
     ledger = Ledger.from_config(r, config)
     log = tmp_path / "worker.log"
     with ThreadedSimEngine(slots=4, step_ms=0.5) as engine:
-        engine.server.boot_id = ""  # as SGLang: /get_server_info has no boot id
+        engine.server.boot_id = ""  # as SGLang: /server_info has no boot id
         assert not SGLangClient(engine.url).server_info().get("boot_id")
         proc = start_worker(farm_toml, engine.url, log=log)
         try:

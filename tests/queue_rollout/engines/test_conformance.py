@@ -108,7 +108,7 @@ def test_a_weight_update_while_idle_loads_and_later_tokens_carry_its_version(
     g = client.generate("after", input_ids=PROMPT, timeout=60,
                         sampling_params={"max_new_tokens": 3, "ignore_eos": True})
     assert g.weight_version == "v-b"
-    info = client._control("GET", "/get_model_info")
+    info = client._control("GET", "/model_info")
     assert (info["model_path"], info["weight_version"]) == (engine.other_weights, "v-b")
 
 
@@ -133,7 +133,7 @@ def test_a_pause_and_a_weight_update_while_requests_run(engine: Engine, mode: st
     """Two requests run when the replica is paused in *mode*; a request sent while
     paused waits; weights are loaded while paused; generation continues."""
     client = engine.client
-    before = client._control("GET", "/get_model_info")["weight_version"]
+    before = client._control("GET", "/model_info")["weight_version"]
     n = engine.long
     long = Generating(client, [f"{mode}-a", f"{mode}-b"], n)
     try:
@@ -228,7 +228,7 @@ def test_server_info_answers_a_json_object_naming_its_limits(engine: Engine) -> 
 
 def test_the_watch_s_probe_costs_the_replica_no_request_and_health_answers(
         engine: Engine) -> None:
-    """The workers watch a replica through /get_model_info; /health (a one-token
+    """The workers watch a replica through /model_info; /health (a one-token
     generation and a second's sleep on SGLang) serves readiness only."""
     client = engine.client
     requests = metric_sum(client.metrics(), "sglang:num_requests_total")

@@ -5,7 +5,7 @@ PyPI's ``sglang-kernel`` holds CUDA kernels only and fails to import without
 a CPU without AMX, SGLang only imports a few of its names at module level. This package,
 first on the real server's ``PYTHONPATH``, offers exactly those names. Each is a function
 that records its call (one JSON line: process id and name) in the file that
-``SGL_KERNEL_STAND_IN_LOG`` names, then raises: the real-engine tier fails if that file
+``QUEUE_ROLLOUT_STAND_IN_LOG`` names, then raises: the real-engine tier fails if that file
 holds a line, so no test passes on something this package pretended to compute. It
 registers nothing under ``torch.ops.sgl_kernel``, so SGLang's AMX checks stay false.
 """
@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import NoReturn
 
-LOG_ENV = "SGL_KERNEL_STAND_IN_LOG"
+LOG_ENV = "QUEUE_ROLLOUT_STAND_IN_LOG"
 
 
 def recorded(name: str) -> Callable[..., NoReturn]:
