@@ -89,6 +89,15 @@ def stop_all(procs: Iterable[subprocess.Popen[Any]], timeout: float) -> None:
             proc.wait()
 
 
+def log_tail(path: Path | None, lines: int = 10) -> str:
+    """The last *lines* lines of the log at *path* ("" when there is none)."""
+    if path is None or not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+
+
 @dataclass
 class Supervised:
     """A child that is restarted with backoff (0.5 s doubling to 30 s) when it exits; a
@@ -111,7 +120,9 @@ class Supervised:
         if self.proc is not None and self.proc.poll() is None:
             return
         if self.proc is not None:
-            log.warning("%s exited (%s); restarting", self.name, self.proc.returncode)
+            said = log_tail(self.log_path)
+            log.warning("%s exited (%s); restarting%s", self.name, self.proc.returncode,
+                        f"; the end of {self.log_path}:\n{said}" if said else "")
             if now - self.started_at >= HEALTHY_S:
                 self.restarts = 0
             self.restarts += 1

@@ -150,15 +150,6 @@ def check_replicas(config: Config, gpus: list[int]) -> None:
         check_sglang_python(config.engine, replica_env(config, gpus[0]))
 
 
-def log_tail(path: Path | None, lines: int = 10) -> str:
-    """The last *lines* lines of the log at *path* ("" when there is none)."""
-    if path is None or not path.exists():
-        return ""
-    with path.open("rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
-        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-
-
 @dataclass
 class GpuSlot:
     """One GPU: its replica, the replica's current boot, and the worker pinned to it."""
@@ -223,10 +214,6 @@ class Node:
         from queue_rollout.engines.sglang import SGLangClient
 
         for slot in self.slots:
-            if slot.replica.proc is not None and slot.replica.proc.poll() is not None:
-                log.warning("replica gpu%d exited (%s); the end of %s:\n%s", slot.gpu,
-                            slot.replica.proc.returncode, slot.replica.log_path,
-                            log_tail(slot.replica.log_path))
             slot.replica.keep()
             if (not slot.healthy and slot.replica.proc is not None
                     and SGLangClient(slot.url, timeout=self.health_timeout).healthy()):

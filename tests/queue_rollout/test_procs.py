@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from queue_rollout.ledger.embedded import free_port
-from queue_rollout.procs import HEALTHY_S, Supervised, cli_exe
+from queue_rollout.procs import HEALTHY_S, Supervised, cli_exe, log_tail
 from queue_rollout.virtual.clock import ManualClock
 from testkit import free_ports, process_tree, wait_for
 
@@ -163,3 +163,20 @@ def test_sigkill_of_a_launcher_leaves_no_process_of_its_tree(launcher, tmp_path,
              f"every process of {launcher}'s tree to end: {described}")
     print(f"{launcher}: {len(tree)} processes, all gone {time.monotonic() - killed_at:.1f} s "
           "after the SIGKILL")
+
+
+def test_the_end_of_a_child_s_log_for_the_message_saying_it_exited(tmp_path):
+    log = tmp_path / "replica-gpu0.log"
+    assert log_tail(log) == "" and log_tail(None) == ""
+    log.write_text("".join(f"line {i}\n" for i in range(5000)))
+    assert log_tail(log, 3) == "line 4997\nline 4998\nline 4999"
+
+
+def test_a_child_that_exits_is_reported_with_the_end_of_its_log(tmp_path, caplog):
+    log = tmp_path / "child.log"
+    child = Supervised("failing child", [sys.executable, "-c", "import sys; sys.exit('no sglang')"],
+                       log_path=log)
+    child.keep()
+    assert child.proc is not None and child.proc.wait(30) == 1
+    child.keep()
+    assert f"failing child exited (1); restarting; the end of {log}:\nno sglang" in caplog.text

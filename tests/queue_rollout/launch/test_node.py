@@ -25,7 +25,6 @@ from queue_rollout.errors import ConfigError
 from queue_rollout.launch.node import (
     SGLANG_PYTHON_ENV,
     check_sglang_python,
-    log_tail,
     parse_gpus,
     replica_argv,
     replica_env,
@@ -46,13 +45,6 @@ def test_gpu_lists():
         parse_gpus("gpu0")
     with pytest.raises(ConfigError, match="runs backwards"):
         parse_gpus("3-1")
-
-
-def test_the_end_of_a_replica_log_for_the_message_saying_it_exited(tmp_path):
-    log = tmp_path / "replica-gpu0.log"
-    assert log_tail(log) == "" and log_tail(None) == ""
-    log.write_text("".join(f"line {i}\n" for i in range(5000)))
-    assert log_tail(log, 3) == "line 4997\nline 4998\nline 4999"
 
 
 def sglang_config(*args: str, **engine: object) -> Config:
