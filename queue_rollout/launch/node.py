@@ -47,7 +47,7 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 #: Names the Python that has SGLang when ``engine.python`` is unset.
 SGLANG_PYTHON_ENV = "QUEUE_ROLLOUT_SGLANG_PYTHON"
 #: Whether a Python can import sglang, without importing it (that takes seconds).
-_FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -129,7 +129,7 @@ def check_sglang_python(e: EngineConfig, env: dict[str, str]) -> None:
     """ConfigError unless :func:`sglang_python` can import sglang with *env*."""
     python = sglang_python(e)
     try:
-        probe = subprocess.run([python, "-c", _FIND_SGLANG], env=env, capture_output=True,
+        probe = subprocess.run([python, "-c", FIND_SGLANG], env=env, capture_output=True,
                                timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         problem = f"cannot be run ({exc})"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.launch.node import FIND_SGLANG, SGLANG_PYTHON_ENV
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import spawn
 
@@ -29,7 +30,7 @@ STAND_IN_LOG_ENV = "QUEUE_ROLLOUT_STAND_IN_LOG"  # not SGL_*: SGLang warns of th
 INSTALL_HINT = (
     f"no SGLang: install it in a venv of its own (python3 -m venv "
     f"{CACHE}/sglang-{SGLANG_VERSION} && {CACHE}/sglang-{SGLANG_VERSION}/bin/pip install "
-    f"sglang=={SGLANG_VERSION}) or name its Python in QUEUE_ROLLOUT_SGLANG_PYTHON")
+    f"sglang=={SGLANG_VERSION}) or name its Python in {SGLANG_PYTHON_ENV}")
 #: The launch arguments of a CPU server. ``--sleep-on-idle``: an idle scheduler
 #: otherwise polls without pause and holds a whole core, which on a 2-core machine
 #: halves every other server's speed.
@@ -39,12 +40,11 @@ CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable
 
 def find_sglang_python() -> str | None:
     """The Python that has SGLang, or None when there is none."""
-    python = os.environ.get("QUEUE_ROLLOUT_SGLANG_PYTHON") or str(
+    python = os.environ.get(SGLANG_PYTHON_ENV) or str(
         CACHE / f"sglang-{SGLANG_VERSION}" / "bin" / "python")
     if not Path(python).exists():
         return None
-    probe = subprocess.run([python, "-c", "import importlib.util as u, sys; "
-                            "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
+    probe = subprocess.run([python, "-c", FIND_SGLANG], capture_output=True)
     return python if probe.returncode == 0 else None
 
 
