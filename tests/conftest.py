@@ -25,6 +25,7 @@ from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.virtual.clock import ManualClock
+from testkit import greedy
 
 # fast: the same examples every run, fewer of them (testkit.examples); ci: new ones from a
 # new seed each run, as many as each test asks for
@@ -50,11 +51,8 @@ def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer
     python = _sglang_or_skip()
     server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang"),
                         other_weights=model(python, seed=1))
-    server.start()
-    yield server
-    server.stop()
-    assert not server.stand_in_calls(), f"the sgl_kernel stand-in was called: " \
-        f"{server.stand_in_calls()}"
+    with server.serving():
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -63,10 +61,8 @@ def real_sglang_small_kv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     python = _sglang_or_skip()
     server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang-kv"),
                         max_total_tokens=2048)
-    server.start()
-    yield server
-    server.stop()
-    assert not server.stand_in_calls(), server.stand_in_calls()
+    with server.serving():
+        yield server
 
 
 @dataclass
@@ -91,26 +87,15 @@ def replica(request: pytest.FixtureRequest) -> Iterator[Replica]:
                       request.getfixturevalue("other_weights_greedy"))
 
 
-#: The prompt whose greedy output :func:`other_weights_greedy` gives.
-GREEDY_PROMPT = [5, 6, 7]
-
-
 @pytest.fixture(scope="session")
 def other_weights_greedy(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
-    """The greedy output (24 tokens) of the weights a weight update loads (seed 1), from a
-    server freshly started with them: the reference a server whose weights were
-    updated must match."""
+    """The greedy output (:func:`testkit.greedy`) of the weights a weight update loads
+    (seed 1), from a server freshly started with them: the reference a server whose
+    weights were updated must match."""
     python = _sglang_or_skip()
     server = RealServer(python, model(python, seed=1), tmp_path_factory.mktemp("sglang-ref"))
-    server.start()
-    try:
-        g = SGLangClient(server.url, timeout=120).generate(
-            "reference", input_ids=GREEDY_PROMPT, timeout=120,
-            sampling_params={"max_new_tokens": 24, "ignore_eos": True, "temperature": 0.0})
-    finally:
-        server.stop()
-    assert not server.stand_in_calls(), server.stand_in_calls()
-    return g.output_ids
+    with server.serving():
+        return greedy(SGLangClient(server.url, timeout=120), "reference").output_ids
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,12 @@ class Generating:
         return self.answers
 
 
+def greedy(client: SGLangClient, rid: str) -> Generation:
+    """24 tokens of greedy decoding (temperature 0, ``ignore_eos``) after ``[5, 6, 7]``."""
+    return client.generate(rid, input_ids=[5, 6, 7], timeout=120, sampling_params={
+        "max_new_tokens": 24, "ignore_eos": True, "temperature": 0.0})
+
+
 def running(client: SGLangClient) -> float:
     """``sglang:num_running_reqs`` from the replica's /metrics (both engines export it)."""
     return metric_sum(client.metrics(), "sglang:num_running_reqs")

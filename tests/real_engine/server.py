@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from queue_rollout.engines.sglang import SGLangClient
@@ -114,6 +115,18 @@ class RealServer:
                                    + "\n".join(said.splitlines()[-20:]))
             time.sleep(1.0)
         return True
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[RealServer]:
+        """Started, then stopped; the ``sgl_kernel`` stand-in must not have been called
+        meanwhile."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+        assert not self.stand_in_calls(), \
+            f"the sgl_kernel stand-in was called: {self.stand_in_calls()}"
 
     def stand_in_calls(self) -> list[str]:
         """Every call of the ``sgl_kernel`` stand-in recorded so far (one JSON line each)."""

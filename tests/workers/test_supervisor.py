@@ -18,7 +18,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
-from testkit import Generating, metric_sum, running, wait_for
+from testkit import Generating, greedy, metric_sum, running, wait_for
 
 
 def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url):
@@ -114,11 +114,10 @@ def test_a_weight_update_while_episodes_run_loads_in_every_pause_mode(
         else:  # the old weights' tokens, then the new ones'
             assert [v == version for v, _ in runs] == [False, True]
             assert sum(n for _, n in runs) == replica.long
-    greedy = client.generate("greedy", input_ids=[5, 6, 7], timeout=120, sampling_params={
-        "max_new_tokens": 24, "ignore_eos": True, "temperature": 0.0})
-    assert greedy.weight_version == str(version)
+    after = greedy(client, "greedy")
+    assert after.weight_version == str(version)
     if replica.reference is not None:
-        assert greedy.output_ids == replica.reference
+        assert after.output_ids == replica.reference
 
 
 def test_a_worker_on_its_way_out_resumes_the_replica_it_paused(r, redis_url):
