@@ -33,8 +33,9 @@ def setup(r, config: Config, prompts: list[dict]) -> tuple[Ledger, list]:
     return ledger, [ledger.admit() for _ in prompts]
 
 
-def runner_for(ledger: Ledger, config: Config, url: str, **kw) -> AttemptRunner:
-    return AttemptRunner(ledger=ledger, config=config, client=SGLangClient(url, timeout=5),
+def runner_for(ledger: Ledger, config: Config, url: str, timeout: float = 5,
+               **kw) -> AttemptRunner:
+    return AttemptRunner(ledger=ledger, config=config, client=SGLangClient(url, timeout=timeout),
                          worker_id="w0", boot_id="boot0", workflow=load_workflow(config), **kw)
 
 
@@ -229,9 +230,7 @@ def test_a_request_that_spans_a_weight_update_takes_each_token_s_version_from_th
     client.update_weights_from_disk(replica.other_weights, weight_version="0")  # the farm's
     n = replica.long
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [n, 1]}])
-    runner = AttemptRunner(ledger=ledger, config=config, worker_id="w0", boot_id="boot0",
-                           client=SGLangClient(replica.url, timeout=120),
-                           workflow=load_workflow(config))
+    runner = runner_for(ledger, config, replica.url, timeout=120)
     t, out = run_in_background(runner, adm.attempt_ids[0])
     wait_for(lambda: running(client) == 1, 60, "the request to run")
     time.sleep(0.5)  # a few tokens under version 0
