@@ -30,7 +30,7 @@ class Fit:
         return max(abs(self.figures[k] / v - 1) for k, v in self.targets.items())
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+def least_squares(a: list[list[float]], b: list[float]) -> list[float]:
     """Least squares: the x minimising |a x - b| (normal equations, with a small ridge
     so that a parameter no figure responds to stays where it is)."""
     n = len(a[0])
@@ -82,7 +82,7 @@ def fit(evaluate: Callable[[Mapping[str, float]], dict[str, float]],
             columns.append([(math.log(moved[k]) - math.log(figures[k])) / step for k in goals])
         jacobian = [[columns[j][i] for j in range(len(names))] for i in range(len(goals))]
         residual = [math.log(v) - math.log(figures[k]) for k, v in goals.items()]
-        move = _solve(jacobian, residual)
+        move = least_squares(jacobian, residual)
         for damping in (1.0, 0.5, 0.25):  # backtrack while the move makes things worse
             trial = {name: params[name] * math.exp(
                          max(-max_move, min(max_move, d)) * damping)

@@ -82,6 +82,11 @@ class ModeRun:
     #: the bench Redis's own counters from submission to the last batch (every process
     #: of the farm, the trainer's calls too)
     redis: Window | None = None
+    started_at: float = 0.0  # when the prompts were submitted (monotonic clock)
+    #: real replicas: their own counters' differences over the run, and their running
+    #: requests sampled (seconds since submission, count); no request log
+    engine_counters: dict[str, float] = field(default_factory=dict)
+    served: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def delivered_digest(self) -> str:
@@ -114,16 +119,11 @@ class ModeRun:
 
     @property
     def mean_active(self) -> float:
-        """Running requests averaged over generation time (pause windows excluded)."""
-        timeline = self.active_timeline()
-        end = self.all_work_s
-        area = generating = 0.0
-        for (t0, n), (t1, _) in zip(timeline, [*timeline[1:], (end, 0)], strict=True):
-            t0, t1 = max(0.0, min(t0, end)), max(0.0, min(t1, end))
-            for a, b in _minus(t0, t1, self.pauses):
-                area += n * (b - a)
-                generating += b - a
-        return area / generating if generating else 0.0
+        """Running requests averaged over generation time (pause windows excluded):
+        from the replicas' request logs, else from their own samples."""
+        if not self.requests and self.served:
+            return self._time_mean([*self.served, (self.all_work_s, 0)])
+        return self._time_mean([*self.active_timeline(), (self.all_work_s, 0)])
 
     @property
     def accepted_groups_per_hour(self) -> float:
@@ -153,9 +153,15 @@ class ModeRun:
     def mean_in_flight(self) -> float:
         """Attempts running in the ledger (tool waits included), averaged over
         generation time from the samples taken (pause windows excluded)."""
+        return self._time_mean(self.in_flight)
+
+    def _time_mean(self, steps: list[tuple[float, int]]) -> float:
+        """The mean of a step function ((time, value from then on), in order) from 0
+        to all-work, over generation time only (pause windows excluded)."""
         end, area, generating = self.all_work_s, 0.0, 0.0
-        for (t0, n), (t1, _) in itertools.pairwise(self.in_flight):
-            for a, b in _minus(max(0.0, t0), min(t1, end), self.pauses):
+        for (t0, n), (t1, _) in itertools.pairwise(steps):
+            t0, t1 = max(0.0, min(t0, end)), max(0.0, min(t1, end))
+            for a, b in _minus(t0, t1, self.pauses):
                 area += n * (b - a)
                 generating += b - a
         return area / generating if generating else 0.0
@@ -193,6 +199,7 @@ class Bench:
     engines: list[Supervised] = field(default_factory=list)
     engine_urls: list[str] = field(default_factory=list)
     runs: int = 0
+    predict: bool = True  # each run's ideal schedule beside it
 
     def engine_section(self) -> dict[str, object]:
         s, f = self.shape, self.scale.step_factor
@@ -258,7 +265,7 @@ class Bench:
             wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), s.slots)
             batches = s.stop_after or -(-len(prompts) // s.batch_size)
             redis_before = read(client.ledger.client)
-            t0 = time.monotonic()
+            t0 = run.started_at = time.monotonic()
             client.submit(prompts)
             sampler = RunningSampler(client.ledger, t0, max(0.01, self.scale.time / 2))
             view = LiveView(f"{profile.name} {mode}", batches, "batches")
@@ -291,8 +298,9 @@ class Bench:
         # and the doctor reads what no process changes meanwhile
         run.doctor_problems = examine(client.ledger.client, client.ledger.keys,
                                       s.batch_size).problems
-        run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}",
-                               placement=placement, adaptive=adaptive)
+        if self.predict:
+            run.ideal = self.ideal(prompts, mode, max_staleness, f"ideal-{self.runs}",
+                                   placement=placement, adaptive=adaptive)
         return run
 
     def _requests(self, t0: float, t1: float) -> list[dict[str, Any]]:
@@ -374,6 +382,7 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
         ledger, clock, **episodes,
         replicas=s.replicas, slots_per_replica=s.slots_per_replica,
         step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
+        step_us_per_context_token=s.step_us_per_context_token * f / scale.tokens,
         train_s=s.train_s * scale.time, train_batches=s.train_batches,
         capacity_slots=s.slots, **kv_settings(shape, scale), pause_mode=pause_mode,
         prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
@@ -430,12 +439,12 @@ def manifest_turns(prompt: dict[str, Any]) -> list[list[int]]:
 
 
 def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool = True,
-          run_seed: int = 0) -> list[str]:
+          run_seed: int = 0, request_logs: bool = True) -> list[str]:
     """Every problem found; empty when the runs are sound. *complete*: every group was
     to be delivered (else only what was delivered is checked: rolling consumption stops
-    with groups in flight). Each delivered member's calls are found in the replicas' logs
-    by their sampling seeds: one request per call, its exact length, the rids of one
-    attempt's turns."""
+    with groups in flight). With *request_logs* (simulated replicas), each delivered
+    member's calls are found in the replicas' logs by their sampling seeds: one request
+    per call, its exact length, the rids of one attempt's turns."""
     problems: list[str] = []
     want = {p["id"]: manifest_turns(p) for p in prompts}
     for run in runs:
@@ -462,18 +471,25 @@ def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool 
                                 f"{run.delivered_turns.get(gid)}, expected {turns}")
             for member, member_turns in enumerate(turns):
                 calls += len(member_turns)
-                problems += _audit_calls(tag, gid, member, member_turns, by_seed, run_seed)
-        rids = [r["rid"] for r in run.requests]
-        if len(rids) != len(set(rids)):
-            problems.append(f"{tag}: an rid was sent to the replicas twice")
+                if request_logs:
+                    problems += _audit_calls(tag, gid, member, member_turns, by_seed,
+                                             run_seed)
+        if request_logs:
+            rids = [r["rid"] for r in run.requests]
+            if len(rids) != len(set(rids)):
+                problems.append(f"{tag}: an rid was sent to the replicas twice")
+            requests: float | None = len(rids)
+            generated: float | None = sum(r["tokens"] for r in run.requests)
+        else:  # the replicas' own counters over the run
+            requests = run.engine_counters.get("requests")
+            generated = run.engine_counters.get("generation_tokens")
         if complete:
-            if len(rids) != calls:
-                problems.append(f"{tag}: the replicas ran {len(rids)} requests for {calls} "
+            if requests != calls:
+                problems.append(f"{tag}: the replicas ran {requests} requests for {calls} "
                                 "model calls")
-            if sum(r["tokens"] for r in run.requests) != run.output_tokens:
-                problems.append(f"{tag}: the replicas generated "
-                                f"{sum(r['tokens'] for r in run.requests)} tokens, the results "
-                                f"hold {run.output_tokens}")
+            if generated != run.output_tokens:
+                problems.append(f"{tag}: the replicas generated {generated} tokens, the "
+                                f"results hold {run.output_tokens}")
             episodes = sum(len(t) for t in want.values())
             if run.counters.get("finished", 0) != episodes:
                 problems.append(f"{tag}: {run.counters.get('finished', 0)} episodes "

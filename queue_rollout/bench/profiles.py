@@ -44,6 +44,9 @@ class Shape:
     stop_after: int | None = None
     step_ms: float = 4.5
     step_ms_per_request: float = 0.2
+    #: added per token of context the running requests hold (us); 0: the reference
+    #: shape's calibration left it out
+    step_us_per_context_token: float = 0.0
     prefill_tokens_per_s: float = 20_000.0
     chunked_prefill_size: int = 8192
     max_total_tokens: int = 220_000

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -205,6 +206,8 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
             print(f"logs: {work}", file=sys.stderr)
         return 0
 
+    if args.profile == "real-sglang":
+        return _bench_real_sglang(config, args)
     from queue_rollout.bench.main import BenchArgs, run_bench
 
     if args.refit and args.profile not in ("swe-agentic", "boba-math"):
@@ -219,6 +222,34 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
         wait_replicas=args.wait_replicas, placement=args.placement,
         command="queue-rollout " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
+
+
+def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from queue_rollout.bench.real_sglang import real_sglang_text, run_real_sglang, write_json
+    from queue_rollout.launch.node import sglang_python
+    from queue_rollout.progress import log_to_file
+
+    if not args.model:
+        raise ConfigError("--model: the real-sglang profile needs the model its replicas "
+                          "serve (a folder with config.json)")
+    cores = tuple(int(c) for c in args.cores.split(","))
+    if len(cores) != 2:
+        raise ConfigError(f"--cores: two cores, one per replica, like 0,1; got {args.cores!r}")
+    work = (Path(config.farm.state_dir) / "bench-real-sglang").resolve()
+    if not args.verbose:
+        log_to_file(work.parent / "bench-real-sglang.log")
+    started = time.monotonic()
+    result = run_real_sglang(
+        Path(args.model).expanduser().resolve(), sglang_python(config.engine), work,
+        repeats=args.repeats, cores=(cores[0], cores[1]),
+        progress=lambda line: print(f"[{time.monotonic() - started:7.1f}s] {line}",
+                                    file=sys.stderr, flush=True))
+    write_json(work / "result.json", result)
+    print(json.dumps(result) if args.json else real_sglang_text(result))
+    print(f"logs and result.json: {work}", file=sys.stderr)
+    return 0
 
 
 def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
@@ -459,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
                             "control-plane", "ledger", "calibration", "swe-agentic",
                             "boba-math", "boba-math-b8", "long-prompt", "kv-pressure", "all",
-                            "sim-replica", "redis-load"],
+                            "sim-replica", "redis-load", "real-sglang"],
                    help="pilots (long-tail, equal, group-between, mixed-tail; the seed's "
                         "workloads swe-agentic, boba-math, boba-math-b8, each at its own "
                         "shape and scale): both admission modes through the real stack "
@@ -473,7 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "figures; all: every one of these (default); sim-replica: CPU of "
                         "one simulated replica serving --requests in a closed loop; "
                         "redis-load: what a farm of --gpus costs Redis, idle, per episode "
-                        "and per running episode")
+                        "and per running episode; real-sglang: both modes on two real SGLang "
+                        "replicas on this machine's CPU (--model), beside the engine model "
+                        "calibrated on group admission (not part of all)")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
                    "(needs matplotlib: queue-rollout[bench])")
@@ -514,6 +547,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="redis-load: private replicas following the Redis (default: "
                         "--wait-replicas); more than --wait-replicas are followed, not "
                         "waited for")
+    p.add_argument("--model", metavar="DIR",
+                   help="real-sglang: the model the replicas serve (SGLang's Python: "
+                        "engine.python, else $QUEUE_ROLLOUT_SGLANG_PYTHON)")
+    p.add_argument("--repeats", type=_positive, default=3,
+                   help="real-sglang: runs per mode, alternating; the median is reported "
+                        "(default 3)")
+    p.add_argument("--cores", default="0,1",
+                   help="real-sglang: the two CPU cores the replicas are pinned to "
+                        "(default 0,1)")
     p.add_argument("--requests", type=_positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
     p.add_argument("--gpus", type=_positive, default=8,

@@ -72,6 +72,24 @@ class KvSignal:
     running: int | None = None
 
 
+def metric_totals(text: str) -> dict[str, float]:
+    """Every metric of a Prometheus text exposition, its series added up (ranks,
+    labels), by name; ``sglang_`` names read as ``sglang:`` ones."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            name = "sglang:" + m["name"][len("sglang:"):]
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
 def parse_metrics(text: str) -> KvSignal | None:
     """The signal in a Prometheus text exposition; None when it lacks token usage or the
     queue (a replica started without ``--enable-metrics`` answers 404, an old one may

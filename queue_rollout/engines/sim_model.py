@@ -8,9 +8,13 @@ SGLang's scheduler does (read from SGLang 0.5.x's ``scheduler.py``,
 ``schedule_policy.py``, ``schedule_batch.py`` and ``radix_cache.py``; see
 ``SGLANG_API.md``):
 
-- **Decode.** A step takes ``step_ms + step_ms_per_request * running`` and gives every
-  running request one token. Between events the running set is constant, so progress
-  is computed in one step, never per token.
+- **Decode.** A step takes ``step_ms + step_ms_per_request * running +
+  step_us_per_context_token * context / 1000`` ms, *context* being the prompt and
+  output tokens of every running request (attention reads each request's whole KV:
+  on a CPU with torch-native attention that term dominates long contexts), and gives
+  every running request one token. Between events the running set is constant and
+  each step adds *running* tokens to the context, so a step's time grows linearly
+  and progress over any interval is solved in closed form, never per token.
 - **Prefill.** A request's context tokens not in the prefix cache are computed at
   ``prefill_tokens_per_s``, in rounds of at most ``chunked_prefill_size`` tokens; a
   round stalls decode while it runs (SGLang runs a prefill batch instead of a decode
@@ -186,7 +190,8 @@ class EngineCounters:
 
 class SimModel:
     def __init__(self, *, slots: int, step_ms: float, step_ms_per_request: float,
-                 now: float = 0.0, weight_version: str = "default",
+                 step_us_per_context_token: float = 0.0, now: float = 0.0,
+                 weight_version: str = "default",
                  prefill_tokens_per_s: float = 20_000.0, chunked_prefill_size: int = 8192,
                  max_total_tokens: int = 220_000,
                  clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS) -> None:
@@ -195,6 +200,7 @@ class SimModel:
         self.slots = slots
         self.step_ms = step_ms
         self.step_ms_per_request = step_ms_per_request
+        self.step_us_per_context_token = step_us_per_context_token
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.chunked_prefill_size = chunked_prefill_size
         self.max_total_tokens = max_total_tokens
@@ -234,7 +240,24 @@ class SimModel:
         return not self.paused and bool(self._prefill or self.running)
 
     def step_s(self) -> float:
-        return (self.step_ms + self.step_ms_per_request * len(self.running)) / 1000.0
+        """The next decode step's time (s)."""
+        context = sum(len(r.prompt) + r.produced for r in self.running.values())
+        return (self.step_ms + self.step_ms_per_request * len(self.running)
+                + self.step_us_per_context_token * context / 1000.0) / 1000.0
+
+    def _growth_s(self) -> float:
+        """How much each step's time grows over the one before (s): the running
+        requests' new tokens, each read by every later step."""
+        return self.step_us_per_context_token * len(self.running) / 1e6
+
+    def decode_time(self, steps: float) -> float:
+        """Seconds the running set takes for *steps* more steps."""
+        return steps * self.step_s() + self._growth_s() * steps * steps / 2
+
+    def decode_steps(self, seconds: float) -> float:
+        """Steps the running set makes in *seconds* (the inverse of :meth:`decode_time`)."""
+        first, growth = self.step_s(), self._growth_s()
+        return 2 * seconds / (first + math.sqrt(first * first + 2 * growth * seconds))
 
     # -- time -----------------------------------------------------------------------------
 
@@ -250,7 +273,7 @@ class SimModel:
         left = min(r.target - r.produced for r in self.running.values())
         room = self.max_total_tokens - self.used_tokens() + self.cache.evictable
         steps = min(max(0.0, left), max(0.0, math.floor(room / len(self.running) + _EPS)))
-        return self.now + steps * self.step_s()
+        return self.now + self.decode_time(steps)
 
     def advance(self, now: float) -> None:
         """Run up to *now*, handling every event at its exact time."""
@@ -280,7 +303,7 @@ class SimModel:
             self._prefill_left = max(0.0, self._prefill_left - dt)
             return
         if self.running:
-            tokens = dt / self.step_s()
+            tokens = self.decode_steps(dt)
             for r in self.running.values():
                 r.produced = min(float(r.target), r.produced + tokens)
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO,

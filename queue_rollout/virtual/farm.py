@@ -140,7 +140,8 @@ class SimFarm:
         self, ledger: Ledger, clock: ManualClock, lengths: dict[str, list[int]] | None = None,
         *, member_turns: dict[str, list[list[Turn]]] | None = None,
         replicas: int, slots_per_replica: int, step_ms: float, step_ms_per_request: float,
-        train_s: float, train_batches: int, capacity_slots: int | None = None,
+        step_us_per_context_token: float = 0.0, train_s: float, train_batches: int,
+        capacity_slots: int | None = None,
         prompt_tokens: dict[str, int] | None = None,
         prefill_tokens_per_s: float = 20_000.0, chunked_prefill_size: int = 8192,
         max_total_tokens: int = 220_000, pause_mode: PauseMode = "in_place",
@@ -169,7 +170,9 @@ class SimFarm:
         self.ledger, self.clock = ledger, clock
         self.prompt_tokens = prompt_tokens or {}
         self.replicas = [SimModel(slots=slots_per_replica, step_ms=step_ms,
-                                  step_ms_per_request=step_ms_per_request, now=clock.now,
+                                  step_ms_per_request=step_ms_per_request,
+                                  step_us_per_context_token=step_us_per_context_token,
+                                  now=clock.now,
                                   prefill_tokens_per_s=prefill_tokens_per_s,
                                   chunked_prefill_size=chunked_prefill_size,
                                   max_total_tokens=max_total_tokens)

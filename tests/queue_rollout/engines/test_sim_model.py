@@ -121,3 +121,46 @@ def test_the_request_log_counts_each_request_s_prefill_and_what_a_retraction_rec
             assert e["prefill_tokens"] > first + e["retractions"]
     retracted = [e for e in model.log if e["retractions"]]
     assert recomputed_tokens(model.log) == recomputed_tokens(retracted) > 0
+
+
+def test_a_step_grows_with_the_context_and_completions_match_stepping_token_by_token():
+    """Each step reads the running requests' whole context: stepping token by token
+    (the slow way) and the model's closed form finish each request at the same time,
+    whether the clock moves in one jump or in many small ones."""
+    prompts, targets = {"a": 50, "b": 400}, {"a": 30, "b": 90}
+    step_ms, per_request, per_token_us = 4.0, 0.5, 20.0
+
+    def by_hand() -> dict[str, float]:
+        produced, ends, t = {"a": 0, "b": 0}, {}, 0.0
+        while len(ends) < 2:
+            running = [k for k in produced if k not in ends]
+            context = sum(prompts[k] + produced[k] for k in running)
+            t += (step_ms + per_request * len(running) + per_token_us * context / 1000) / 1000
+            for k in running:
+                produced[k] += 1
+                if produced[k] == targets[k]:
+                    ends[k] = t
+        return ends
+
+    def by_model(jumps: int) -> dict[str, float]:
+        m = SimModel(slots=4, step_ms=step_ms, step_ms_per_request=per_request,
+                     step_us_per_context_token=per_token_us, prefill_tokens_per_s=1e12)
+        ends: dict[str, float] = {}
+        for rid in prompts:
+            m.submit(SimRequest(rid, seed=1, target=targets[rid], weight_version="v0",
+                                prompt=list(range(prompts[rid])),
+                                on_done=lambda r, _: ends.__setitem__(r.rid, m.now)))
+        for k in range(1, jumps + 1):
+            m.advance(2.0 * k / jumps)
+        return ends
+
+    hand = by_hand()
+    assert hand["b"] > 90 * (step_ms + per_request) / 1000 * 1.5  # the context term tells
+    for jumps in (1, 997):
+        ends = by_model(jumps)
+        for rid in prompts:
+            # the closed form treats a step's growth as continuous: half a step's
+            # growth apart per step at most
+            assert ends[rid] == pytest.approx(hand[rid], rel=0.005), (jumps, rid)
+    without = SimModel(slots=4, step_ms=step_ms, step_ms_per_request=per_request)
+    assert without.decode_steps(without.decode_time(7.0)) == pytest.approx(7.0)
