@@ -363,11 +363,12 @@ def rollout_settings(shape: Shape, mode: str, max_staleness: int,
 def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
                    prompts: list[dict[str, Any]], mode: str, max_staleness: int, farm: str,
                    *, pause_mode: PauseMode = "in_place", placement: str = "any",
-                   adaptive: bool = False,
+                   adaptive: bool = False, ignore_eos: bool = False,
                    on_progress: Callable[[SimFarm], None] | None = None) -> SimReport:
     """The ideal schedule of a policy: the ledger's scripts on *client* under the farm
     name *farm* (a new one) and the engine model, in virtual time, with zero
-    control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it."""
+    control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it.
+    *ignore_eos*: as :class:`SimFarm` takes it."""
     s, f = shape, scale.step_factor
     clock = ManualClock()
     rollout = msgspec.convert(
@@ -388,7 +389,7 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
         prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
         stop_after=s.stop_after, on_progress=on_progress,
         adaptive_floor=s.min_slots_per_replica if adaptive else None,
-        adapt_every_s=adaptive_interval_s(scale),
+        adapt_every_s=adaptive_interval_s(scale), ignore_eos=ignore_eos,
     ).run()
 
 

@@ -18,7 +18,9 @@ throughput since the last line) give the decode step as ``step_ms + step_ms_per_
 x running + step_us_per_context_token x context``, fitted by least squares; a probe
 before any run gives the prefill rate. The ideal schedules of both modes under that
 calibration are the prediction, set beside the measurement: the refill run is never
-fitted.
+fitted. The ideal schedules send their requests with ``ignore_eos``, as the
+``controlled_length`` workflow does, so that admission reserves each running request's
+whole output as SGLang does for such requests.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ from queue_rollout.bench.pilot import (
     Bench,
     ModeRun,
     audit,
-    changes,
     ideal_json,
     ideal_schedule,
     mode_json,
@@ -57,20 +58,24 @@ from queue_rollout.config import Config
 from queue_rollout.engines.concurrency import metric_totals
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
-from queue_rollout.launch.node import check_sglang_python, replica_argv, replica_env
+from queue_rollout.launch.node import (
+    CPU_SGLANG_ARGS,
+    check_sglang_python,
+    replica_argv,
+    replica_env,
+)
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.procs import log_tail, spawn
 
-#: A CPU server's launch arguments. ``--sleep-on-idle``: an idle scheduler otherwise
-#: polls without pause and holds a whole core.
-CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-            "--sleep-on-idle"]
 #: SGLang logs a decode line every this many steps (its default is 40): the calibration's
 #: samples.
 DECODE_LOG_INTERVAL = 10
 #: Each replica's KV pool (tokens): every run's running requests fit it.
 POOL_TOKENS = 65_536
+#: A pool under KV pressure: eight slots of the long tail hold more than it fits (three
+#: long members alone, 3 x 1,536 tokens).
+KV_POOL_TOKENS = 4096
 SHORT_TOKENS = 192  # L: the long-tail's short member; the long one is 8 L
 PROMPTS = 16
 REPEATS = 3
@@ -103,13 +108,13 @@ def profiles(short: int) -> list[Profile]:
                     lengths=equal(short))]
 
 
-def real_shape(prompts: int = PROMPTS) -> Shape:
+def real_shape(prompts: int = PROMPTS, pool: int = POOL_TOKENS) -> Shape:
     """B4 x G4 over 2 replicas of 8 slots (a batch fills the slots, as in the reference
     shape), a 2 s training pause after each of the first 3 batches, then the drain;
     the engine's figures are placeholders until :func:`calibrate` sets them."""
     return Shape(prompts=prompts, group_size=4, batch_size=4, replicas=2,
                  slots_per_replica=8, max_staleness=2, train_s=2.0, train_batches=3,
-                 max_total_tokens=POOL_TOKENS)
+                 max_total_tokens=pool)
 
 
 # -- the replicas ---------------------------------------------------------------------
@@ -250,12 +255,14 @@ class RealBench(Bench):
                                        for line in r.decode_lines(start, r.log_size())]
             self.served[run_number] = samples
 
-    def run_real(self, profile: Profile, mode: str, prompts: list[dict[str, Any]]) -> ModeRun:
-        """One audited-later run of *mode*, with what the replicas saw attached."""
+    def run_real(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
+                 adaptive: bool = False) -> ModeRun:
+        """One run of *mode* (audited later), with what the replicas saw attached."""
         number = self.runs + 1
         started = time.monotonic()
         with self.observed(number) as deltas:
-            run = self.run_mode(profile, mode, prompts, self.shape.max_staleness)
+            run = self.run_mode(profile, mode, prompts, self.shape.max_staleness,
+                                adaptive=adaptive)
         run.engine_counters = dict(deltas)
         t0 = run.started_at or started
         run.served = [(t - t0, n) for t, n in self.served[number]]
@@ -344,7 +351,23 @@ def calibrated(shape: Shape, decode: dict[str, float], prefill_tokens_per_s: flo
 # -- figures --------------------------------------------------------------------------
 
 #: The figures compared, measured against predicted.
-FIGURES = ("mean_rollout_interval_s", "all_work_completion_s", "mean_active_episodes")
+FIGURES = ("mean_rollout_interval_s", "all_work_completion_s", "mean_active_episodes",
+           "retractions")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One setting the runs compare: its admission mode, and fixed or adaptive slots."""
+
+    name: str
+    mode: str
+    adaptive: bool = False
+
+
+#: Refill against group admission (the baseline first), and adaptive against fixed
+#: slots under KV pressure.
+MODES = (Variant("group", "group"), Variant("sample", "sample"))
+SLOTS = (Variant("fixed", "sample"), Variant("adaptive", "sample", adaptive=True))
 
 
 def spread(values: list[float | None]) -> dict[str, Any]:
@@ -363,25 +386,38 @@ def _points(measured: float | None, predicted: float | None) -> float | None:
     return round(100 * (predicted - measured), 1)
 
 
+def _change(base: float | None, treated: float | None) -> float | None:
+    """treated / base - 1, None where either is unknown or the base is 0."""
+    if not base or treated is None:
+        return None
+    return round(treated / base - 1, 4)
+
+
+def run_figures(run: ModeRun, shape: Shape) -> dict[str, Any]:
+    """One run's figures: its mode's, and the retractions the replicas counted."""
+    out = mode_json(run, Scale(time=1.0, tokens=1.0), shape, multi_turn=False)
+    out["retractions"] = run.engine_counters.get("retractions")
+    return out
+
+
 def profile_json(profile: Profile, shape: Shape, runs: dict[str, list[ModeRun]],
                  predicted: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per mode, each figure's median and range over the repeats; the change refill
-    against group admission, measured (of the medians) and predicted, and their
-    difference in percentage points."""
-    scale = Scale(time=1.0, tokens=1.0)
-    measured = {mode: [mode_json(run, scale, shape, multi_turn=False) for run in mode_runs]
-                for mode, mode_runs in runs.items()}
-    modes = {mode: {k: spread([m[k] for m in figures]) for k in FIGURES}
-             for mode, figures in measured.items()}
-    medians = {mode: {k: v["median"] for k, v in figs.items()} for mode, figs in modes.items()}
-    change = changes(medians["group"], medians["sample"])
-    predicted_change = changes(predicted["group"], predicted["sample"])
+    """Per variant (*runs* in order: the baseline, then the treatment), each figure's
+    median and range over the repeats; the treatment's change against the baseline,
+    measured (of the medians) and predicted, and their difference in percentage
+    points."""
+    base, treated = list(runs)
+    variants = {name: {k: spread([run_figures(run, shape)[k] for run in name_runs])
+                       for k in FIGURES} for name, name_runs in runs.items()}
+    medians = {name: {k: v["median"] for k, v in figs.items()}
+               for name, figs in variants.items()}
+    change = {k: _change(medians[base][k], medians[treated][k]) for k in FIGURES}
+    predicted_change = {k: _change(predicted[base][k], predicted[treated][k]) for k in FIGURES}
     return {
         "profile": profile.name, "summary": profile.summary,
-        "modes": modes,
-        "predicted": {mode: {k: predicted[mode][k] for k in FIGURES} for mode in predicted},
-        "change": {k: change[k] for k in FIGURES},
-        "predicted_change": {k: predicted_change[k] for k in FIGURES},
+        "variants": variants,
+        "predicted": {name: {k: predicted[name][k] for k in FIGURES} for name in predicted},
+        "change": change, "predicted_change": predicted_change,
         "difference_pp": {k: _points(change[k], predicted_change[k]) for k in FIGURES},
     }
 
@@ -389,21 +425,24 @@ def profile_json(profile: Profile, shape: Shape, runs: dict[str, list[ModeRun]],
 # -- the profile ----------------------------------------------------------------------
 
 
-def engine_config(model: Path, python: str, slots: int) -> Config:
-    """The replicas' config: SGLang on the CPU serving *model* under *python*."""
+def engine_config(model: Path, python: str, shape: Shape) -> Config:
+    """The replicas' config: SGLang on the CPU serving *model* under *python*, its slots
+    and KV pool *shape*'s."""
     return msgspec.convert({"engine": {
         "kind": "sglang", "model_path": str(model), "python": python, "deterministic": False,
-        "slots_per_replica": slots,
-        "sglang_args": [*CPU_ARGS, "--max-total-tokens", str(POOL_TOKENS),
+        "slots_per_replica": shape.slots_per_replica,
+        "sglang_args": [*CPU_SGLANG_ARGS, "--max-total-tokens", str(shape.max_total_tokens),
                         "--decode-log-interval", str(DECODE_LOG_INTERVAL)]}}, Config)
 
 
-def run_real_sglang(model: Path, python: str, workdir: Path, *, repeats: int = REPEATS,
-                    short: int = SHORT_TOKENS, prompts: int = PROMPTS,
+def run_real_sglang(model: Path, python: str, workdir: Path, *, kv_pressure: bool = False,
+                    repeats: int = REPEATS, short: int = SHORT_TOKENS, prompts: int = PROMPTS,
                     cores: tuple[int, int] = (0, 1),
                     progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Both workloads, both modes, *repeats* times each in alternating order, audited;
-    calibrated on the group runs; the prediction beside the measurement."""
+    calibrated on the group runs; the prediction beside the measurement. With
+    *kv_pressure*: replicas of a small KV pool, the long tail in sample mode with fixed
+    and with adaptive slots, calibrated on the fixed runs."""
     if not (model / "config.json").exists():
         raise ConfigError(f"--model: {model} holds no model (no config.json)")
     if shutil.which("taskset") is None:
@@ -412,8 +451,8 @@ def run_real_sglang(model: Path, python: str, workdir: Path, *, repeats: int = R
     if len(set(cores)) != 2 or max(cores) >= (os.cpu_count() or 1):
         raise ConfigError(f"--cores: two different cores of this machine's "
                           f"{os.cpu_count()}, got {cores}")
-    shape = real_shape(prompts)
-    config = engine_config(model, python, shape.slots_per_replica)
+    shape = real_shape(prompts, KV_POOL_TOKENS if kv_pressure else POOL_TOKENS)
+    config = engine_config(model, python, shape)
     check_sglang_python(config.engine, replica_env(config, 0))
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -423,82 +462,91 @@ def run_real_sglang(model: Path, python: str, workdir: Path, *, repeats: int = R
                           progress, predict=False, config=config, cores=cores)
         try:
             bench.start()
-            results = [run_profile(bench, profile, repeats, redis_server.url)
-                       for profile in profiles(short)]
+            results = ([run_variants(bench, profiles(short)[0], SLOTS, repeats,
+                                     redis_server.url)] if kv_pressure else
+                       [run_variants(bench, profile, MODES, repeats, redis_server.url)
+                        for profile in profiles(short)])
         finally:
             bench.stop()
-    return {"profile": "real-sglang", "model": str(model), "cores": list(cores),
-            "shape": {**shape_json(shape, shape.max_staleness), "pool_tokens": POOL_TOKENS},
+    return {"profile": "real-sglang-kv" if kv_pressure else "real-sglang",
+            "model": str(model), "cores": list(cores),
+            "shape": {**shape_json(shape, shape.max_staleness),
+                      "pool_tokens": shape.max_total_tokens},
             "repeats": repeats, "prefill_tokens_per_s": round(bench.prefill_tokens_per_s),
             "workloads": results, "seconds": round(time.monotonic() - started, 1)}
 
 
-def run_profile(bench: RealBench, profile: Profile, repeats: int, redis_url: str
-                ) -> dict[str, Any]:
+def run_variants(bench: RealBench, profile: Profile, variants: tuple[Variant, Variant],
+                 repeats: int, redis_url: str) -> dict[str, Any]:
+    """Each variant *repeats* times, alternating (baseline, treatment, baseline, ...),
+    audited; the model calibrated on the baseline's runs; both variants' ideal
+    schedules under that calibration as the prediction."""
     prompts = profile.manifest(bench.shape, bench.scale)
-    runs: dict[str, list[ModeRun]] = {"group": [], "sample": []}
-    group_runs: list[int] = []
+    runs: dict[str, list[ModeRun]] = {v.name: [] for v in variants}
+    baseline_runs: list[int] = []
     for k in range(repeats):
-        for mode in ("group", "sample"):
-            bench.progress(f"real-sglang {profile.name}: {mode} admission, run {k + 1} of "
-                           f"{repeats}")
-            run = bench.run_real(profile, mode, prompts)
-            runs[mode].append(run)
-            if mode == "group":
-                group_runs.append(bench.runs)
-            bench.progress(f"real-sglang {profile.name} {mode}: all work in "
-                           f"{run.all_work_s:.1f}s")
-    problems = audit(prompts, [*runs["group"], *runs["sample"]], request_logs=False)
+        for v in variants:
+            bench.progress(f"real-sglang {profile.name}: {v.name}, run {k + 1} of {repeats}")
+            run = bench.run_real(profile, v.mode, prompts, adaptive=v.adaptive)
+            runs[v.name].append(run)
+            if v is variants[0]:
+                baseline_runs.append(bench.runs)
+            bench.progress(f"real-sglang {profile.name} {v.name}: all work in "
+                           f"{run.all_work_s:.1f}s, {run.engine_counters.get('retractions')} "
+                           "retractions")
+    problems = audit(prompts, [run for name_runs in runs.values() for run in name_runs],
+                     request_logs=False)
     if problems:
         raise InvariantViolation(f"bench real-sglang {profile.name}: audit failed: "
                                  + "; ".join(problems[:10]))
-    decode = calibrate([line for n in group_runs for line in bench.decode[n]])
+    decode = calibrate([line for n in baseline_runs for line in bench.decode[n]])
     shape = calibrated(bench.shape, decode, bench.prefill_tokens_per_s)
     client = connect(redis_url)
     try:
-        ideal = {mode: ideal_schedule(client, shape, bench.scale, prompts, mode,
-                                      shape.max_staleness, f"real-ideal-{profile.name}-{mode}")
-                 for mode in ("group", "sample")}
+        predicted = {v.name: ideal_json(ideal_schedule(
+            client, shape, bench.scale, prompts, v.mode, shape.max_staleness,
+            f"real-ideal-{profile.name}-{v.name}", adaptive=v.adaptive, ignore_eos=True),
+            shape, False)
+            for v in variants}
     finally:
         client.close()
-    predicted = {mode: ideal_json(report, shape, multi_turn=False)
-                 for mode, report in ideal.items()}
     return {**profile_json(profile, shape, runs, predicted),
             "calibration": {k: round(v, 4) for k, v in decode.items()}}
 
 
 def real_sglang_text(result: dict[str, Any]) -> str:
-    """The table: per workload and figure, each mode measured (median, range) and
+    """The table: per workload and figure, each variant measured (median, range) and
     predicted, and the change measured, predicted, apart."""
     shape = result["shape"]
-    lines = [f"bench real-sglang: 2 SGLang replicas on cores {result['cores']} (one thread "
-             f"each), B{shape['batch_size']} x G{shape['group_size']}, {shape['slots']} slots, "
+    lines = [f"bench {result['profile']}: 2 SGLang replicas on cores {result['cores']} (one "
+             f"thread each, a KV pool of {shape['pool_tokens']:,} tokens), "
+             f"B{shape['batch_size']} x G{shape['group_size']}, {shape['slots']} slots, "
              f"{shape['prompts']} groups, max_staleness {shape['max_staleness']}, "
-             f"{result['repeats']} runs per mode (median, range); prefill "
+             f"{result['repeats']} runs each (median, range); prefill "
              f"{result['prefill_tokens_per_s']:,} tokens/s; {result['seconds']:.0f} s"]
     for w in result["workloads"]:
-        c = w["calibration"]
+        c, (base, treated) = w["calibration"], list(w["variants"])
         lines.append(f"  {w['profile']} ({w['summary']}); decode step = {c['step_ms']:.2f} ms "
                      f"+ {c['step_ms_per_request']:.3f} ms x running + "
                      f"{c['step_us_per_context_token']:.3f} us x context token "
-                     f"({c['lines']:.0f} lines of the group runs, median error "
-                     f"{c['median_relative_error']:.1%})")
-        lines.append(f"    {'figure':24} {'group':>18} {'sample':>18} {'change':>8} "
-                     f"{'predicted':>10} {'apart':>7}")
+                     f"(fitted to {c['lines']:.0f} decode lines of the {base} runs, median "
+                     f"error {c['median_relative_error']:.1%})")
+        lines.append(f"    {'figure':24} {base:>19} {treated:>19} {'change':>8} "
+                     f"{'predicted':>10} {'apart':>8}")
         for k in FIGURES:
             cells = []
-            for mode in ("group", "sample"):
-                s = w["modes"][mode][k]
+            for name in (base, treated):
+                s = w["variants"][name][k]
                 cells.append("-" if s["median"] is None else
                              f"{s['median']:.2f} ({s['min']:.1f}-{s['max']:.1f})")
             ch, pc, pp = w["change"][k], w["predicted_change"][k], w["difference_pp"][k]
-            lines.append(f"    {k:24} {cells[0]:>18} {cells[1]:>18} "
+            lines.append(f"    {k:24} {cells[0]:>19} {cells[1]:>19} "
                          f"{'-' if ch is None else f'{ch:+.1%}':>8} "
                          f"{'-' if pc is None else f'{pc:+.1%}':>10} "
-                         f"{'-' if pp is None else f'{pp:+.1f}pp':>7}")
-        lines.append("    predicted (s): " + ", ".join(
-            f"{mode} {w['predicted'][mode]['all_work_completion_s']:.1f} all-work"
-            for mode in ("group", "sample")))
+                         f"{'-' if pp is None else f'{pp:+.1f}pp':>8}")
+        lines.append("    predicted: " + "; ".join(
+            f"{name} " + ", ".join(f"{k} {w['predicted'][name][k]}" for k in FIGURES)
+            for name in (base, treated)))
     return "\n".join(lines)
 
 

@@ -206,7 +206,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
             print(f"logs: {work}", file=sys.stderr)
         return 0
 
-    if args.profile == "real-sglang":
+    if args.profile in ("real-sglang", "real-sglang-kv"):
         return _bench_real_sglang(config, args)
     from queue_rollout.bench.main import BenchArgs, run_bench
 
@@ -234,16 +234,20 @@ def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
     if not args.model:
         raise ConfigError("--model: the real-sglang profile needs the model its replicas "
                           "serve (a folder with config.json)")
-    cores = tuple(int(c) for c in args.cores.split(","))
+    try:
+        cores = tuple(int(c) for c in args.cores.split(","))
+    except ValueError:
+        cores = ()
     if len(cores) != 2:
         raise ConfigError(f"--cores: two cores, one per replica, like 0,1; got {args.cores!r}")
-    work = (Path(config.farm.state_dir) / "bench-real-sglang").resolve()
+    work = (Path(config.farm.state_dir) / f"bench-{args.profile}").resolve()
     if not args.verbose:
-        log_to_file(work.parent / "bench-real-sglang.log")
+        log_to_file(work.parent / f"bench-{args.profile}.log")
     started = time.monotonic()
     result = run_real_sglang(
         Path(args.model).expanduser().resolve(), sglang_python(config.engine), work,
-        repeats=args.repeats, cores=(cores[0], cores[1]),
+        kv_pressure=args.profile == "real-sglang-kv", repeats=args.repeats,
+        cores=(cores[0], cores[1]),
         progress=lambda line: print(f"[{time.monotonic() - started:7.1f}s] {line}",
                                     file=sys.stderr, flush=True))
     write_json(work / "result.json", result)
@@ -490,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["long-tail", "equal", "group-between", "mixed-tail",
                             "control-plane", "ledger", "calibration", "swe-agentic",
                             "boba-math", "boba-math-b8", "long-prompt", "kv-pressure", "all",
-                            "sim-replica", "redis-load", "real-sglang"],
+                            "sim-replica", "redis-load", "real-sglang", "real-sglang-kv"],
                    help="pilots (long-tail, equal, group-between, mixed-tail; the seed's "
                         "workloads swe-agentic, boba-math, boba-math-b8, each at its own "
                         "shape and scale): both admission modes through the real stack "
@@ -506,7 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "redis-load: what a farm of --gpus costs Redis, idle, per episode "
                         "and per running episode; real-sglang: both modes on two real SGLang "
                         "replicas on this machine's CPU (--model), beside the engine model "
-                        "calibrated on group admission (not part of all)")
+                        "calibrated on group admission (not part of all); real-sglang-kv: "
+                        "the same replicas short of KV memory, sample refill with fixed and "
+                        "adaptive slots")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
                    "(needs matplotlib: queue-rollout[bench])")

@@ -27,7 +27,9 @@ SGLang's scheduler does (read from SGLang 0.5.x's ``scheduler.py``,
 - **KV memory.** ``max_total_tokens`` holds the cache and the running requests'
   tokens. A waiting request is admitted, in arrival order, only while
   ``extend + min(max_new, clip)`` fits in free + evictable tokens less what running
-  requests may still need (``min(max_new - produced, clip) * new_token_ratio``),
+  requests may still need (``min(max_new - produced, clip) * new_token_ratio``; the
+  whole ``min(max_new - produced, clip)`` for an ``ignore_eos`` request, which cannot
+  end early: SGLang 0.5.23's rule),
   checked again once its cached prefix is held (no longer evictable); a refusal blocks
   admission until a request ends (SGLang's ``batch_is_full``).
   ``new_token_ratio`` starts at 0.7, decays per decode step to 0.098 over 600 steps,
@@ -123,6 +125,8 @@ class SimRequest:
     weight_version: str
     prompt: Sequence[int] = ()
     max_new: int = -1  # the request's max_new_tokens (-1: its target)
+    #: sent with ``ignore_eos``: it runs to max_new, so admission reserves all of it
+    ignore_eos: bool = False
     #: its output token ids, compact (a range or Tokens: the virtual farm's); default:
     #: the seeded ids the server returns, made as they are produced
     output_ids: Sequence[int] | None = field(default=None, repr=False)
@@ -323,7 +327,8 @@ class SimModel:
             return
         chunk_left = self.chunked_prefill_size
         budget = (self.max_total_tokens - self.used_tokens() + self.cache.evictable
-                  - sum(min(r.max_new - r.produced, self.clip) * self.new_token_ratio
+                  - sum(min(r.max_new - r.produced, self.clip)
+                        * (1.0 if r.ignore_eos else self.new_token_ratio)
                         for r in self.running.values()))
         round_: list[tuple[SimRequest, int]] = []
         if self._chunked is not None:

@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 #: Names the Python that has SGLang when ``engine.python`` is unset.
 SGLANG_PYTHON_ENV = "QUEUE_ROLLOUT_SGLANG_PYTHON"
+#: SGLang's launch arguments for a server on the CPU (``engine.sglang_args``).
+#: ``--sleep-on-idle``: an idle scheduler otherwise polls without pause and holds a
+#: whole core.
+CPU_SGLANG_ARGS = ("--device", "cpu", "--attention-backend", "torch_native",
+                   "--disable-cuda-graph", "--sleep-on-idle")
 #: Whether a Python can import sglang, without importing it (that takes seconds).
 FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
 

@@ -148,6 +148,7 @@ class SimFarm:
         on_progress: Callable[[SimFarm], None] | None = None,
         stop_after: int | None = None,
         adaptive_floor: int | None = None, adapt_every_s: float = 1.0,
+        ignore_eos: bool = False,
     ) -> None:
         """The episodes: *lengths* (each member one request of that many output tokens)
         or *member_turns* (each member's turns). *prompt_tokens*: each group's prompt
@@ -160,8 +161,13 @@ class SimFarm:
         the version raised), instead of when every group is done. *adaptive_floor*:
         each worker's limit follows its replica's KV room, looked at every
         *adapt_every_s*, between that floor and *slots_per_replica* (None: fixed
-        slots); *capacity_slots* is then ignored, the limits' sum being the capacity."""
+        slots); *capacity_slots* is then ignored, the limits' sum being the capacity.
+        *ignore_eos*: the requests are sent with ``ignore_eos`` (as the
+        ``controlled_length`` workflow sends them to a real replica), so each one's
+        whole output is reserved when admitting others; else they are episodes that
+        could end early (the engine's decaying estimate)."""
         self.pause_mode = pause_mode
+        self.ignore_eos = ignore_eos
         self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
         if (lengths is None) == (member_turns is None):
             raise ValueError("give exactly one of lengths and member_turns")
@@ -335,7 +341,7 @@ class SimFarm:
         rid = turn_rid(aid, p.turn)
         self._touch(p.replica, lambda replica: replica.submit(SimRequest(
             rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context,
-            output_ids=_tokens_of(rid), on_done=self._on_done)))
+            output_ids=_tokens_of(rid), on_done=self._on_done, ignore_eos=self.ignore_eos)))
 
     def _turn_done(self, aid: str) -> bool:
         """A turn's request completed: the episode ends, or its tool runs (its slot
@@ -377,7 +383,8 @@ class SimFarm:
             done = r.tokens
             again = SimRequest(r.rid, seed=0, target=r.target - done, weight_version="",
                                prompt=Tokens.of(r.prompt) + r.output(done),
-                               output_ids=_tokens_of(r.rid)[done:], on_done=self._on_done)
+                               output_ids=_tokens_of(r.rid)[done:], on_done=self._on_done,
+                               ignore_eos=r.ignore_eos)
             self._touch(i, partial(SimModel.submit, request=again))
 
     def _advance(self, dt: float) -> list[str]:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.launch.node import FIND_SGLANG, SGLANG_PYTHON_ENV
+from queue_rollout.launch.node import CPU_SGLANG_ARGS, FIND_SGLANG, SGLANG_PYTHON_ENV
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import spawn
 
@@ -32,11 +32,10 @@ INSTALL_HINT = (
     f"no SGLang: install it in a venv of its own (python3 -m venv "
     f"{CACHE}/sglang-{SGLANG_VERSION} && {CACHE}/sglang-{SGLANG_VERSION}/bin/pip install "
     f"sglang=={SGLANG_VERSION}) or name its Python in {SGLANG_PYTHON_ENV}")
-#: The launch arguments of a CPU server. ``--sleep-on-idle``: an idle scheduler
-#: otherwise polls without pause and holds a whole core, which on a 2-core machine
-#: halves every other server's speed.
-CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-            "--enable-metrics", "--sleep-on-idle"]
+#: The launch arguments of a CPU server (``--sleep-on-idle`` among them: an idle
+#: scheduler otherwise holds a whole core, which on a 2-core machine halves every other
+#: server's speed), with metrics.
+CPU_ARGS = [*CPU_SGLANG_ARGS, "--enable-metrics"]
 
 
 def find_sglang_python() -> str | None:

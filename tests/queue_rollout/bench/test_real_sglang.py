@@ -4,6 +4,7 @@ from SGLang's decode lines, the figures and the audit on the replicas' counters.
 from __future__ import annotations
 
 import pytest
+from real_engine.server import STAND_IN, STAND_IN_LOG_ENV, model
 
 from queue_rollout.bench.pilot import ModeRun, audit
 from queue_rollout.bench.real_sglang import (
@@ -12,7 +13,9 @@ from queue_rollout.bench.real_sglang import (
     equal,
     long_tail,
     profile_json,
+    profiles,
     real_shape,
+    run_real_sglang,
     spread,
 )
 from queue_rollout.engines.concurrency import metric_totals
@@ -75,7 +78,7 @@ def real_run(mode: str, prompts: list[dict], *, requests: float, tokens: float,
         run.delivered[p["id"]] = list(p["member_lengths"])
         run.delivered_turns[p["id"]] = [[n] for n in p["member_lengths"]]
         run.delivered_prompts.append(p)
-    run.engine_counters = {"requests": requests, "generation_tokens": tokens}
+    run.engine_counters = {"requests": requests, "generation_tokens": tokens, "retractions": 0}
     run.served = [(0.0, 8), (ready[0], 4), (ready[0] + 1, 2)]
     return run
 
@@ -113,19 +116,18 @@ def test_the_figures_take_the_median_of_the_repeats_and_set_the_prediction_besid
                            "mean_active_episodes": 4.0},
                  "sample": {"mean_rollout_interval_s": 7.0, "all_work_completion_s": 15.0,
                             "mean_active_episodes": 6.0}}
-    out = profile_json(long_tail_profile(), real_shape(), runs, predicted)
-    assert out["modes"]["group"]["all_work_completion_s"]["median"] == 22.0
-    assert out["modes"]["sample"]["all_work_completion_s"]["median"] == 16.0
+    for mode in predicted.values():
+        mode["retractions"] = 0
+    out = profile_json(profiles(100)[0], real_shape(), runs, predicted)
+    assert out["variants"]["group"]["all_work_completion_s"]["median"] == 22.0
+    assert out["variants"]["sample"]["all_work_completion_s"]["median"] == 16.0
+    assert out["change"]["retractions"] is None  # none in either: no share of nothing
     assert out["change"]["all_work_completion_s"] == pytest.approx(16 / 22 - 1, abs=1e-4)
     assert out["predicted_change"]["all_work_completion_s"] == -0.25
     assert out["difference_pp"]["all_work_completion_s"] == pytest.approx(
         round(100 * (-0.25 - (16 / 22 - 1)), 1))
 
 
-def long_tail_profile():
-    from queue_rollout.bench.real_sglang import profiles
-
-    return profiles(100)[0]
 
 
 def test_lines_whose_interval_held_idle_time_are_left_out_of_the_fit():
@@ -139,3 +141,27 @@ def test_lines_whose_interval_held_idle_time_are_left_out_of_the_fit():
     assert fitted["lines_left_out"] == 2 and fitted["lines"] == 8
     assert fitted["step_ms"] == pytest.approx(5.0, rel=1e-3)
     assert fitted["step_us_per_context_token"] == pytest.approx(1.5, rel=1e-3)
+
+
+@pytest.mark.sglang
+def test_the_real_bench_runs_both_modes_on_real_replicas_audited_and_predicted(
+        sglang_interpreter, tmp_path, monkeypatch):
+    """A small run of ``bench --profile real-sglang`` on two real servers: every run
+    audited on the replicas' own counters (it raises otherwise), the decode step fitted
+    to the group runs' log lines, both modes predicted; the sgl_kernel stand-in never
+    called."""
+    calls = tmp_path / "stand-in-calls.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(STAND_IN))
+    monkeypatch.setenv(STAND_IN_LOG_ENV, str(calls))
+    result = run_real_sglang(model(sglang_interpreter, 0), sglang_interpreter,
+                             tmp_path / "bench", repeats=1, short=24, prompts=4)
+    assert not calls.exists(), calls.read_text()
+    assert [w["profile"] for w in result["workloads"]] == ["long-tail", "equal"]
+    for w in result["workloads"]:
+        c = w["calibration"]
+        assert c["lines"] >= 3 and c["step_ms"] + c["step_ms_per_request"] > 0
+        for name in ("group", "sample"):
+            assert w["variants"][name]["all_work_completion_s"]["median"] > 0
+            assert w["predicted"][name]["all_work_completion_s"] > 0
+            assert w["variants"][name]["retractions"]["median"] == 0  # a pool none fills
+        assert w["change"]["all_work_completion_s"] is not None

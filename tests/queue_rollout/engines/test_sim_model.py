@@ -164,3 +164,25 @@ def test_a_step_grows_with_the_context_and_completions_match_stepping_token_by_t
             assert ends[rid] == pytest.approx(hand[rid], rel=0.005), (jumps, rid)
     without = SimModel(slots=4, step_ms=step_ms, step_ms_per_request=per_request)
     assert without.decode_steps(without.decode_time(7.0)) == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize(("ignore_eos", "admitted"), [(False, 3), (True, 2)])
+def test_an_ignore_eos_request_reserves_its_whole_output_when_others_are_admitted(
+        ignore_eos, admitted):
+    """SGLang 0.5.23 reserves a running request's remaining output at the decaying
+    estimate (0.7 at first), but all of it for an ``ignore_eos`` request, which cannot
+    end early: in a pool of 1,000 tokens, with two 400-token requests running, a third
+    starts, or waits."""
+    m = SimModel(slots=8, step_ms=1.0, step_ms_per_request=0.0, max_total_tokens=1000)
+
+    def submit(i: int) -> None:
+        m.submit(SimRequest(f"r{i}", seed=i, target=400, weight_version="v0", prompt=[i],
+                            ignore_eos=ignore_eos))
+
+    submit(0)
+    submit(1)
+    m.advance(0.005)
+    assert len(m.running) == 2
+    submit(2)
+    m.advance(0.01)
+    assert len(m.running) == admitted and len(m.waiting) == 3 - admitted
