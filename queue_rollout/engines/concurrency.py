@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 #: Token usage above which a replica's limit is decreased (a share of its KV pool).
@@ -72,10 +73,10 @@ class KvSignal:
     running: int | None = None
 
 
-def metric_totals(text: str) -> dict[str, float]:
-    """Every metric of a Prometheus text exposition, its series added up (ranks,
-    labels), by name; ``sglang_`` names read as ``sglang:`` ones."""
-    totals: dict[str, float] = {}
+def _samples(text: str) -> Iterator[tuple[str, float]]:
+    """Each finite SGLang sample of a Prometheus text exposition, as (name, value);
+    ``sglang_`` names (as a router that rewrites the colon serves them) read as
+    ``sglang:`` ones."""
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None:
@@ -85,8 +86,15 @@ def metric_totals(text: str) -> dict[str, float]:
         except ValueError:
             continue
         if math.isfinite(value):
-            name = "sglang:" + m["name"][len("sglang:"):]
-            totals[name] = totals.get(name, 0.0) + value
+            yield "sglang:" + m["name"][len("sglang:"):], value
+
+
+def metric_totals(text: str) -> dict[str, float]:
+    """Every SGLang metric of a Prometheus text exposition, its series (ranks, labels)
+    added up, by name."""
+    totals: dict[str, float] = {}
+    for name, value in _samples(text):
+        totals[name] = totals.get(name, 0.0) + value
     return totals
 
 
@@ -96,22 +104,11 @@ def parse_metrics(text: str) -> KvSignal | None:
     lack the retraction counter: it then counts as none). Several series of one name
     (ranks) add up, and token usage takes the fullest: the controller asks only
     whether anything is queued or was retracted, which a sum over ranks that each
-    count the same requests still tells. ``sglang_`` names (as a router that rewrites
-    the colon serves them) read as ``sglang:`` ones."""
+    count the same requests still tells."""
     usage: list[float] = []
     queued = retracted = running = 0.0
     found_queue = found_running = False
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            value = float(m["value"])
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
-        name = "sglang:" + m["name"][len("sglang:"):]
+    for name, value in _samples(text):
         if name == TOKEN_USAGE:
             usage.append(value)
         elif name == QUEUED:
