@@ -1,0 +1,543 @@
+"""Helpers for the fault tests on real SGLang replicas (``tests/test_real_faults.py``).
+
+- :class:`FaultServer`: a :class:`~real_engine.server.RealServer` that logs every request
+  as JSON (``--log-requests-format json``: microsecond timestamps), can be SIGKILLed (its
+  whole process group) and started again on the same port.
+- :func:`generations` / :func:`overlapping`: every generation the replicas ran, read from
+  their own request logs, and the episodes (one sampling seed each) that had two
+  generations running at once.
+- :func:`generating_processes`: the episode processes under a launcher that hold a
+  connection to a replica right now (in the middle of a ``/generate``).
+- :class:`UpFarm`: ``queue-rollout up`` against given replicas, with a private
+  redis-server (``appendonly yes``, ``appendfsync always``) the test can kill.
+- :func:`consume`: the trainer's side, every group, checked against the assignment.
+- :class:`Watch`: the farm sampled from a thread while a fault plays out (the ledger's
+  counters, the groups in doubt, each replica's running requests and tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from real_engine.server import RealServer
+
+from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.engines.sglang import EngineError, SGLangClient
+from queue_rollout.errors import BarrierTimeout, RedisUnavailable
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+from queue_rollout.ledger.records import decode_attempt
+from queue_rollout.procs import cli_exe
+from testkit import metric_sum, process_tree
+
+#: SGLang's own request log, one JSON object a request received or finished.
+REQUEST_LOG_ARGS = ["--log-requests", "--log-requests-level", "1",
+                    "--log-requests-format", "json"]
+_ABORTED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\].*Abort request obj\.rid='([^']+)'")
+#: The episode processes' command line (``workers/supervisor.py``).
+EPISODE_PROCESS = "queue_rollout.workers.rq_worker"
+
+
+class FaultServer(RealServer):
+    """A real SGLang server that logs its requests as JSON and can be killed and
+    started again on the same port (the farm's config names its URL)."""
+
+    def __init__(self, python: str, model_path: Path, workdir: Path, *, max_running: int,
+                 other_weights: Path | None = None) -> None:
+        super().__init__(python, model_path, workdir, max_running=max_running,
+                         other_weights=other_weights)
+        self.args += REQUEST_LOG_ARGS
+        # one OpenMP thread: two servers' torch thread pools on 2 cores otherwise spin
+        # against each other (8 requests ran at 73 tokens/s here instead of ~400)
+        self.env["OMP_NUM_THREADS"] = "1"
+        self.kills: list[tuple[int, float]] = []  # (log offset, time) of each SIGKILL
+
+    def log_offset(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def kill(self) -> float:
+        """SIGKILL to the server's whole process group; returns when."""
+        assert self.proc is not None, "the server is not running"
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        when = time.time()
+        self.proc.wait()
+        self.proc = None
+        self.kills.append((self.log_offset(), when))
+        return when
+
+    def restart(self, timeout: float = 300.0) -> None:
+        """Start again on the same port (the farm knows this URL)."""
+        assert self.proc is None and self.port
+        if not self._start_once(timeout):
+            raise RuntimeError(f"port {self.port} was taken: the server cannot come back there")
+
+    def ensure_serving(self) -> None:
+        """Started again if a test left it dead."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = None
+            self.restart()
+
+    @property
+    def client(self) -> SGLangClient:
+        return SGLangClient(self.url, timeout=10)
+
+
+# -- what the replicas ran, from their own logs ---------------------------------------
+
+
+@dataclass
+class Generation:
+    """One ``/generate`` request that generates (a stop probe, ``max_new_tokens`` 0,
+    is none), as the replica logged it."""
+
+    server: str
+    rid: str
+    seed: int
+    max_new_tokens: int
+    start: float
+    end: float | None = None  # None: still running when the log was read
+    how: str = ""  # finish reason, "disconnected" or "killed"
+    tokens: int | None = None
+
+
+def stamp(iso: str) -> float:
+    """``time.time()`` of a log's local ISO timestamp."""
+    return datetime.fromisoformat(iso).timestamp()
+
+
+class RequestLog(Protocol):
+    """A replica's log with its JSON request entries (:data:`REQUEST_LOG_ARGS`) and the
+    SIGKILLs it went through: a :class:`FaultServer`, or a replica `node` runs."""
+
+    url: str
+    log_path: Path
+    kills: list[tuple[int, float]]
+
+    def log_offset(self) -> int: ...
+
+
+@dataclass
+class NodeReplica:
+    """A replica `node` launched: its URL, its log, the SIGKILLs the test sent it."""
+
+    url: str
+    log_path: Path
+    kills: list[tuple[int, float]] = field(default_factory=list)
+
+    def log_offset(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+
+def generations(server: RequestLog, since: int = 0) -> list[Generation]:
+    """Every generation *server* received after log offset *since*, with when it ended:
+    its ``request.finished`` entry, the line saying it was aborted because its client
+    went away (second resolution: the end of that second is taken), or a SIGKILL of
+    the server."""
+    out: list[Generation] = []
+    open_: dict[str, Generation] = {}
+    kills = [(offset, when) for offset, when in server.kills if offset > since]
+    if not server.log_path.exists():
+        return out
+    with server.log_path.open("rb") as log:
+        log.seek(since)
+        offset = since
+        for raw in log:
+            offset += len(raw)
+            while kills and offset > kills[0][0]:
+                for g in open_.values():
+                    g.end, g.how = kills[0][1], "killed"
+                open_.clear()
+                kills.pop(0)
+            line = raw.decode(errors="replace")
+            at = line.find('{"timestamp"')
+            if at >= 0:
+                try:
+                    entry = json.loads(line[at:])
+                except ValueError:
+                    continue
+                rid = str(entry.get("rid"))
+                if entry.get("event") == "request.received":
+                    params = (entry.get("obj") or {}).get("sampling_params") or {}
+                    if params.get("max_new_tokens", 1) and "sampling_seed" in params:
+                        g = Generation(server.url, rid, int(params["sampling_seed"]),
+                                       int(params.get("max_new_tokens", 0)),
+                                       stamp(entry["timestamp"]))
+                        open_[rid] = g
+                        out.append(g)
+                elif entry.get("event") == "request.finished" and rid in open_:
+                    g = open_.pop(rid)
+                    g.end = stamp(entry["timestamp"])
+                    meta = (entry.get("out") or {}).get("meta_info") or {}
+                    g.how = str((meta.get("finish_reason") or {}).get("type", ""))
+                    g.tokens = meta.get("completion_tokens")
+                continue
+            m = _ABORTED.match(line)
+            if m and m.group(2) in open_:
+                g = open_.pop(m.group(2))
+                g.end, g.how = stamp(m.group(1).replace(" ", "T")) + 1.0, "disconnected"
+        if kills:  # killed after the last line
+            for g in open_.values():
+                g.end, g.how = kills[0][1], "killed"
+    return out
+
+
+def overlapping(gens: list[Generation]) -> list[str]:
+    """Episodes (sampling seeds) with two generations running at the same time, on any
+    replica: a generation started before the one before it ended (or while it still
+    runs)."""
+    by_seed: dict[int, list[Generation]] = defaultdict(list)
+    for g in gens:
+        by_seed[g.seed].append(g)
+    problems = []
+    for seed, runs in by_seed.items():
+        runs.sort(key=lambda g: g.start)
+        for first, second in itertools.pairwise(runs):
+            if first.end is None or second.start < first.end:
+                problems.append(f"seed {seed}: {second.rid} on {second.server} started at "
+                                f"{second.start:.3f} while {first.rid} on {first.server} "
+                                f"ran ({first.start:.3f} to {first.end})")
+    return problems
+
+
+def _metrics(url: str) -> str | None:
+    try:
+        return SGLangClient(url).metrics(timeout=2)
+    except EngineError:
+        return None
+
+
+def model_info(url: str) -> dict[str, Any]:
+    """The replica's ``/model_info`` (its model path and weight version)."""
+    with urllib.request.urlopen(f"{url}/model_info", timeout=10) as answer:
+        info: dict[str, Any] = json.loads(answer.read())
+    return info
+
+
+def serves(url: str, timeout: float = 5.0) -> bool:
+    """A 2-token generation on the replica comes back within *timeout* (a paused
+    replica holds it)."""
+    try:
+        SGLangClient(url).generate(f"serves-{time.monotonic_ns()}", input_ids=[5, 6, 7],
+                                   sampling_params={"max_new_tokens": 2, "ignore_eos": True},
+                                   timeout=timeout)
+    except EngineError:
+        return False
+    return True
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def generating_processes(root: int, port: int) -> list[int]:
+    """Episode processes under *root* with a connection open to the replica on *port*
+    (one ``/generate`` each, in flight)."""
+    sockets: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if int(f[2].rsplit(":", 1)[1], 16) == port and f[3] == "01":  # ESTABLISHED
+                    sockets.add(f"socket:[{f[9]}]")
+    found = []
+    for pid in sorted(process_tree(root)):
+        if EPISODE_PROCESS not in _cmdline(pid):
+            continue
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if links & sockets:
+            found.append(pid)
+    return found
+
+
+# -- the farm ---------------------------------------------------------------------------
+
+
+def mode_line(mode: str, group_size: int, groups_at_once: int) -> str:
+    """``[rollout]``'s admission setting: group admission of *groups_at_once* groups, or
+    sample refill with that many groups' slots less one member (so groups are admitted
+    as members finish)."""
+    if mode == "group":
+        return f"max_concurrent_rollouts = {groups_at_once}"
+    return f"max_concurrent_samples = {groups_at_once * group_size - 1}"
+
+
+def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: str,
+              group_size: int = 4, slots: int = 8, groups_at_once: int = 4, lease: int = 3,
+              request: int = 600, max_attempts: int = 3, max_failed_members: int = 0,
+              pause_mode: str = "in_place", engine_extra: str = "") -> Path:
+    """A farm config at *path* for SGLang replicas at *urls*: groups of *group_size*,
+    batches of one group, leases of *lease* s, state beside it; *engine_extra* adds
+    ``[engine]`` lines (``node``'s model and launch arguments)."""
+    path.write_text(textwrap.dedent(f"""\
+        [farm]
+        name = "{name}"
+        redis_url = "{redis_url}"
+        state_dir = "{path.parent / 'state'}"
+        [rollout]
+        group_size = {group_size}
+        batch_size = 1
+        {mode_line(mode, group_size, groups_at_once)}
+        max_staleness = 1000
+        max_attempts = {max_attempts}
+        [timeouts]
+        lease = {lease}
+        doubt = 900
+        request = {request}
+        shutdown_grace = 2
+        leader_lease = 2
+        pause_barrier = 60
+        [acceptance]
+        max_failed_members = {max_failed_members}
+        [workflow]
+        name = "controlled_length"
+        [engine]
+        kind = "sglang"
+        urls = {json.dumps(urls)}
+        slots_per_replica = {slots}
+        threads_per_process = 2
+        pause_mode = "{pause_mode}"
+        deterministic = false
+        {engine_extra}
+        [metrics]
+        port = {free_port()}
+        """))
+    return path
+
+
+@dataclass
+class UpFarm:
+    """``queue-rollout up -c farm.toml`` against running replicas, on a private
+    redis-server started here (AOF, ``appendfsync always``) on a free port."""
+
+    root: Path
+    name: str
+    urls: list[str]
+    mode: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.redis = EmbeddedRedis(self.root / "redis", appendfsync="always", write_url=False)
+        self.toml = self.root / "farm.toml"
+        self.log_path = self.root / "up.log"
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> RolloutClient:
+        url = self.redis.start()
+        farm_toml(self.toml, name=self.name, redis_url=url, urls=self.urls, mode=self.mode,
+                  **self.settings)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([cli_exe(), "up", "-c", str(self.toml)],
+                                         stdout=subprocess.PIPE, stderr=log, text=True,
+                                         cwd=self.root)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert f"farm {self.name} up" in line, (line, self.log_tail())
+        return RolloutClient.from_config(self.toml)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                code = self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"`up` did not stop on Ctrl-C:\n{self.log_tail()}") from None
+            assert code == 0, f"`up` exited {code}:\n{self.log_tail()}"
+        self.redis.stop()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[RolloutClient]:
+        try:
+            yield self.start()
+        finally:
+            self.stop()
+
+
+def doctor(toml: Path) -> str:
+    """``queue-rollout doctor -c farm.toml``: must exit 0 and say the ledger is clean;
+    returns what it said."""
+    proc = subprocess.run([cli_exe(), "doctor", "-c", str(toml)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("doctor: ok (0 slots reserved, 0 groups in flight)"), proc.stdout
+    return proc.stdout.strip()
+
+
+# -- the trainer's side -----------------------------------------------------------------
+
+
+@dataclass
+class Consumed:
+    """What the trainer got: group ids in delivery order (a duplicate shows twice),
+    members whose output broke the assignment, and the groups never delivered."""
+
+    got: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    failed_members: list[str] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)  # each member's, distinct
+    finished_at: float = 0.0  # time.time() when the last group came
+
+    @property
+    def duplicated(self) -> int:
+        return len(self.got) - len(set(self.got))
+
+
+def consume(client: RolloutClient, lengths: dict[str, list[int]], *, timeout: float,
+            may_fail: frozenset[tuple[str, int]] = frozenset()) -> Consumed:
+    """Take and acknowledge batches until every group of *lengths* came (or *timeout*);
+    check each member's output against its assigned length. Members in *may_fail*
+    (group id, member) may instead have failed (no output)."""
+    out = Consumed()
+    deadline = time.monotonic() + timeout
+    while not set(lengths) <= set(out.got):
+        try:
+            batch = client.get_batch(timeout=max(0.1, deadline - time.monotonic()))
+        except BarrierTimeout:
+            break
+        for group in batch.groups:
+            out.got.append(group.id)
+            want = lengths.get(group.id)
+            if want is None or len(group.members) != len(want):
+                out.wrong.append(f"{group.id}: not submitted, or {len(group.members)} members")
+                continue
+            for m in group.members:
+                out.versions.append(sorted(set(m.versions)))
+                if (group.id, m.member) in may_fail and m.finish_reason == "failed":
+                    out.failed_members.append(f"{group.id}/{m.member}")
+                elif len(m.output_ids) != want[m.member] or m.finish_reason != "length":
+                    out.wrong.append(f"{group.id}/{m.member}: {len(m.output_ids)} tokens "
+                                     f"({m.finish_reason}), assigned {want[m.member]}")
+        client.ack(batch)
+    out.finished_at = time.time()
+    out.lost = sorted(set(lengths) - set(out.got))
+    return out
+
+
+def settled(client: RolloutClient) -> dict[str, Any] | None:
+    """The farm's status once nothing is pending, in flight or ready, no slot is
+    reserved and no attempt runs or is in doubt; else None."""
+    s = client.status()
+    g = s["groups"]
+    quiet = (g["pending"] == g["in_flight"] == g["ready"] == 0
+             and s["reserved"] == s["active_episodes"] == s["doubtful"] == 0)
+    return s if quiet else None
+
+
+def causes(counters: dict[str, int], prefix: str) -> dict[str, int]:
+    """``{cause: n}`` of the ledger's ``<prefix>:<cause>`` counters."""
+    return {k.split(":", 1)[1]: v for k, v in sorted(counters.items())
+            if k.startswith(prefix + ":") and v}
+
+
+def record(row: dict[str, Any]) -> None:
+    """Print one fault's figures; append them as a JSON line to the file named by
+    ``QUEUE_ROLLOUT_FAULT_RESULTS`` when that is set."""
+    print("\n" + json.dumps(row), flush=True)
+    target = os.environ.get("QUEUE_ROLLOUT_FAULT_RESULTS")
+    if target:
+        with open(target, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+# -- watching the farm while a fault plays out ----------------------------------------
+
+
+@dataclass
+class Sample:
+    """One look at the farm: when (``time.time()``), the ledger's counters (None while
+    Redis is away), the episodes in doubt and the groups they belong to, and each
+    replica's running requests from its own ``/metrics`` (None when it does not answer)."""
+
+    at: float
+    counters: dict[str, int] | None
+    doubtful_groups: int
+    running: list[float | None]
+    generated: list[float | None]  # each replica's sglang:generation_tokens_total
+
+    def total(self, prefix: str) -> int | None:
+        """The sum of the ``<prefix>:<cause>`` counters."""
+        if self.counters is None:
+            return None
+        return sum(v for k, v in self.counters.items() if k.startswith(prefix + ":"))
+
+
+class Watch:
+    """Samples the farm (:class:`Sample`) from a thread of its own, every *every* s."""
+
+    def __init__(self, toml: Path, urls: list[str], every: float = 0.5) -> None:
+        self.client = RolloutClient.from_config(toml, consumer="watch")
+        self.urls, self.every = urls, every
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="watch")
+        self._thread.start()
+
+    def _look(self) -> Sample:
+        at = time.time()
+        counters: dict[str, int] | None
+        groups = 0
+        ledger = self.client.ledger
+        try:
+            counters = ledger.counters()
+            if counters.get("doubtful", 0):
+                groups = len({decode_attempt(raw).g for raw in
+                              ledger.client.hvals(ledger.keys.attempts)
+                              if b'"doubtful"' in raw
+                              and decode_attempt(raw).state == "doubtful"})
+        except RedisUnavailable:
+            counters = None
+        texts = [_metrics(u) for u in self.urls]
+        return Sample(at, counters, groups,
+                      [None if t is None else metric_sum(t, "sglang:num_running_reqs")
+                       for t in texts],
+                      [None if t is None else metric_sum(t, "sglang:generation_tokens_total")
+                       for t in texts])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self._look())
+            self._stop.wait(self.every)
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        self._thread.join(30)
+        return self.samples
+
+    def first(self, since: float, holds: Callable[[Sample], bool]) -> float | None:
+        """Seconds from *since* to the first sample at or after it for which *holds*."""
+        for s in self.samples:
+            if s.at >= since and s.counters is not None and holds(s):
+                return round(s.at - since, 2)
+        return None
