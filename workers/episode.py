@@ -389,6 +389,8 @@ class AttemptRunner:
     def _doubt(self, live: _Live, cause: str, why: str) -> str:
         aid = live.aid
         log.warning("attempt %s: doubtful (%s): %s", aid, cause, why)
+        # no renewal after this: one would tell the ledger the request still runs
+        self.lease.remove(live)
         self._until_answered(f"doubt {aid}", lambda: self.ledger.mark_doubtful(aid, cause))
         try:
             stopped = self.client.confirm_stopped(live.rid, abort=live.aid)
@@ -407,6 +409,7 @@ class AttemptRunner:
             log.warning("attempt %s: stop not confirmed: %s", live.aid, exc)
             stopped = False
         if not stopped:
+            self.lease.remove(live)
             self._until_answered(f"doubt {live.aid}",
                                  lambda: self.ledger.mark_doubtful(live.aid, cause))
             return "doubtful"
