@@ -74,7 +74,7 @@ from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe, stop_all
-from testkit import free_ports, process_tree, wait_for
+from testkit import alive, free_ports, process_tree, wait_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(600)]
 
@@ -607,21 +607,8 @@ def _replica_pid(node: subprocess.Popen[str], port: int) -> int:
     return found[0]
 
 
-def _alive(pids: set[int]) -> set[int]:
-    """Those of *pids* still running (a zombie has stopped)."""
-    out = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            out.add(pid)
-    return out
-
-
 def _dead(pids: set[int]) -> bool:
-    return not _alive(pids)
+    return not alive(pids)
 
 
 def _cmd(pid: int) -> str:
@@ -727,7 +714,7 @@ def test_a_replica_killed_under_node_in_both_modes(tmp_path: Path,
             node_log.close()
             redis.stop()
     assert code == 0, (tmp_path / "node.log").read_text()[-3000:]
-    assert not [pid for pid in _alive(tree) if "sglang" in _cmd(pid)], \
+    assert not [pid for pid in alive(tree) if "sglang" in _cmd(pid)], \
         "SGLang processes left behind"
     assert not calls.exists() or calls.read_text() == "", calls.read_text()
 

@@ -168,6 +168,19 @@ def children(pid: int) -> list[int]:
     return [child for child, parent in _parents().items() if parent == pid]
 
 
+def alive(pids: set[int]) -> set[int]:
+    """Those of *pids* still running (zombies count as gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(pid)
+    return out
+
+
 def process_tree(root: int) -> set[int]:
     """*root* and every process descending from it."""
     parent = _parents()

@@ -34,7 +34,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import free_ports, process_tree, wait_for
+from testkit import alive, free_ports, process_tree, wait_for
 
 
 def test_gpu_lists():
@@ -311,19 +311,6 @@ def test_node_refuses_replicas_that_cannot_start_before_starting_anything(
     assert proc.returncode == 2
     assert refusal in proc.stderr
     assert not (tmp_path / "state" / "node").exists()  # nothing started
-
-
-def alive(pids: set[int]) -> set[int]:
-    """Those of *pids* still running (zombies count as gone)."""
-    out = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            out.add(pid)
-    return out
 
 
 def replica_pid(node: subprocess.Popen, port: int) -> int:
