@@ -1,8 +1,8 @@
 """Placement end to end: `queue-rollout worker` processes, simulated replicas as their
-own processes, the real collector in this process. A replica is killed while attempts
-wait on its queue: they move to the shared queue and complete elsewhere (what ran on it
-stays in doubt until it is back under a new boot); every group is delivered once and
-the doctor finds the ledger clean."""
+own processes, the real collector in this process. A replica is down while groups are
+placed on its worker's queue: they move to the shared queue and complete elsewhere. Back
+under a new boot, it is killed again mid-episode: what ran on it stays in doubt until it
+is back. Every group is delivered once and the doctor finds the ledger clean."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from testkit import wait_for
 
 pytestmark = pytest.mark.e2e
 
-GROUPS, G = 12, 4
+GROUPS, G = 24, 4
 
 
 def write_toml(path: Path, redis_url: str) -> Path:
@@ -65,16 +65,27 @@ def test_a_killed_replica_s_placed_attempts_move_and_every_group_is_delivered_on
     try:
         for w in workers:
             assert w.stdout is not None and "episode slots" in w.stdout.readline()
+        doomed_proc, doomed_url = replicas[1]
+        doomed_proc.kill()  # down before any work: its worker lives on, taking no job
+        doomed_proc.wait()
         ledger.submit((f"g{i:02d}", json.dumps({
             "id": f"g{i:02d}", "input_ids": list(range(i * 1000, i * 1000 + 300)),
             "member_lengths": [150 + 40 * m for m in range(G)]}).encode())
             for i in range(GROUPS))
-        wait_for(lambda: ledger.counters().get("finished", 0) >= G, 60, "a first group")
-        doomed_proc, _ = replicas[1]
-        doomed_proc.kill()  # its worker lives on, taking no job while /health fails
-        doomed_proc.wait()
+        # of the first two groups one is placed on each replica: the dead one's waits
         wait_for(lambda: ledger.counters().get("placements:moved", 0) >= 1, 60,
                  "placed attempts moved off the dead replica")
+        replicas[1] = replica(toml, doomed_url)
+
+        def running_on_doomed() -> bool:
+            return any(a.get("state") == "running" and a.get("replica") == doomed_url
+                       for a in map(json.loads, r.hvals(ledger.keys.attempts)))
+
+        wait_for(running_on_doomed, 60, "an episode running on the restarted replica")
+        replicas[1][0].kill()
+        replicas[1][0].wait()
+        # what ran there is in doubt (it may still run) until it is back under a new boot
+        wait_for(lambda: ledger.counters().get("doubtful", 0) >= 1, 60, "doubt")
         delivered: list[str] = []
 
         def consume() -> None:
@@ -82,10 +93,7 @@ def test_a_killed_replica_s_placed_attempts_move_and_every_group_is_delivered_on
                 delivered.extend(d.batch.groups)
                 assert ledger.ack("trainer", d.batch.id).status == "acked"
 
-        # what ran there is in doubt (it may still run) until the replica is back under a
-        # new boot; what waited there went elsewhere meanwhile
-        assert ledger.counters().get("doubtful", 0) + ledger.counters().get("running", 0) > 0
-        replicas[1] = replica(toml, replicas[1][1])
+        replicas[1] = replica(toml, doomed_url)
         wait_for(lambda: len(delivered) == GROUPS, 120, "every group delivered", consume)
         status = farm_status(r, config, redis_url=redis_url)
     finally:
