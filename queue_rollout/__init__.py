@@ -10,13 +10,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from queue_rollout.config import Config, load_config
-from queue_rollout.errors import QueueRolloutError
+from queue_rollout.errors import (
+    BadInput,
+    BarrierTimeout,
+    ConfigError,
+    FarmBusy,
+    InvariantViolation,
+    LedgerError,
+    QueueRolloutError,
+    RedisUnavailable,
+)
 
 if TYPE_CHECKING:
     from queue_rollout.client.rollout import Batch, RolloutClient
     from queue_rollout.ledger.core import Ledger
 
-__all__ = ["Batch", "Config", "Ledger", "QueueRolloutError", "RolloutClient", "load_config"]
+__all__ = ["BadInput", "BarrierTimeout", "Batch", "Config", "ConfigError", "FarmBusy",
+           "InvariantViolation", "Ledger", "LedgerError", "QueueRolloutError",
+           "RedisUnavailable", "RolloutClient", "load_config"]
 __version__ = "0.1.0"
 
 

@@ -107,6 +107,7 @@ class TimeoutsConfig(_Section):
     leader_lease: PosInt = 10
     shutdown_grace: PosInt = 30
     redis_wait: PosFloat = 1.0
+    batch_ack: NonNegInt = 0
 
 
 class AcceptanceConfig(_Section):
@@ -184,6 +185,14 @@ class MetricsConfig(_Section):
     port: Port = 9464
 
 
+class HistoryConfig(_Section):
+    """Each admitted group's story (``trace``), kept in Redis for the last
+    ``max_groups`` groups admitted within ``ttl_s``; ``max_groups = 0`` keeps none."""
+
+    max_groups: NonNegInt = 10_000
+    ttl_s: PosInt = 86_400
+
+
 class Config(_Section):
     farm: FarmConfig = msgspec.field(default_factory=FarmConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
@@ -194,6 +203,7 @@ class Config(_Section):
     collector: CollectorConfig = msgspec.field(default_factory=CollectorConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    history: HistoryConfig = msgspec.field(default_factory=HistoryConfig)
 
 
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")

@@ -85,6 +85,11 @@ MEANINGS: dict[str, tuple[str, str]] = {
                             "the change is sent again.",
                             "等待 `farm.redis_wait_replicas` 的一次 `WAIT` 最长秒数，"
                             "超时即重发该变更。"),
+    "timeouts.batch_ack": ("Seconds a delivered batch may stay unacknowledged; then the "
+                           "collector releases it: its groups go to the next consumer that "
+                           "takes a batch, and a late ack of it is refused. 0: never.",
+                           "已交付的批次最多可保持未确认的秒数；超时后收集器释放它：其中的组"
+                           "交给下一个取批次的消费者，迟到的确认会被拒绝。0：从不释放。"),
     "acceptance.reject_zero_variance": ("Reject groups whose members all got the same reward.",
                                         "拒绝所有成员奖励相同的组。"),
     "acceptance.max_failed_members": ("Failed members a group may have and still be accepted.",
@@ -198,6 +203,13 @@ MEANINGS: dict[str, tuple[str, str]] = {
                          "超过则拒绝该提示。"),
     "metrics.host": ("Address the metrics endpoint binds.", "指标端点绑定的地址。"),
     "metrics.port": ("Port of `/metrics` and `/healthz`.", "`/metrics` 与 `/healthz` 的端口。"),
+    "history.max_groups": ("Groups whose story `trace` can tell (admission, each attempt, "
+                           "judgement, batch, ack): the last this many admitted; the oldest "
+                           "beyond leave. 0: no history is kept.",
+                           "`trace` 能讲述其经过（准入、每次尝试、评判、批次、确认）的组数："
+                           "最近准入的这么多组；更早的被移除。0：不保留历史。"),
+    "history.ttl_s": ("Seconds a group's story is kept after its admission.",
+                      "组的经过在其准入后保留的秒数。"),
 }
 
 TITLE = {"en": ("Configuration reference", "key", "type", "default", "meaning",

@@ -9,6 +9,9 @@ into :class:`RedisUnavailable` or :class:`LedgerError`.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class QueueRolloutError(Exception):
     """Base class of every error queue-rollout raises on purpose."""
@@ -28,6 +31,12 @@ class BadInput(QueueRolloutError):
     exit_code = 2
 
 
+class BatchReleased(BadInput):
+    """The batch acknowledged was released from its consumer (``release --consumer``,
+    or ``timeouts.batch_ack``): the ledger refused the ack, and its groups are
+    delivered to another consumer, which trains on them and acknowledges them."""
+
+
 class FarmBusy(QueueRolloutError):
     """Another live process owns this farm's ``state_dir`` (``up``, ``demo``, ``node``);
     nothing was started or changed."""
@@ -42,7 +51,7 @@ class InvariantViolation(QueueRolloutError):
 
 
 class BarrierTimeout(QueueRolloutError):
-    """A wait (pause barrier, batch) ran past its deadline."""
+    """A wait (pause barrier, batch, a replica to answer) ran past its deadline."""
 
     exit_code = 3
 
@@ -63,3 +72,14 @@ class EmbeddedRedisError(QueueRolloutError):
     """The embedded redis-server could not be found or started."""
 
     exit_code = 4
+
+
+def bind_failed(key: str, host: str, port: int, exc: OSError) -> ConfigError:
+    """The error for a socket that could not be bound to *host*:*port*, which the
+    setting *key* names (``metrics.port``, ``--port``): one line naming both, e.g.
+    ``metrics.port 9464 is in use: [Errno 98] Address already in use (127.0.0.1:9464)``."""
+    what = "is in use" if exc.errno == errno.EADDRINUSE else "cannot be bound"
+    why = f"[Errno {exc.errno}] {os.strerror(exc.errno)}" if exc.errno else str(exc)
+    hint = ("; stop what holds it or choose another port" if exc.errno == errno.EADDRINUSE
+            else "")
+    return ConfigError(f"{key} {port} {what}: {why} ({host}:{port}){hint}")

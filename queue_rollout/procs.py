@@ -11,13 +11,16 @@ launchers' main loops.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,9 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.config import EngineConfig
+from queue_rollout.errors import ConfigError
 
 log = logging.getLogger(__name__)
 HEALTHY_S = 10.0  # a child that ran this long before it died restarts without backoff
+#: The CLI's exit status for bad input or config: a supervised child that exits with it
+#: is not restarted (it would only be refused again).
+BAD_INPUT_EXIT = 2
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -74,19 +81,41 @@ def sim_engine_argv(e: EngineConfig, port: int) -> list[str]:
             "--max-total-tokens", str(e.max_total_tokens)]
 
 
-def stop_all(procs: Iterable[subprocess.Popen[Any]], timeout: float) -> None:
-    """SIGTERM every live process, wait for all up to *timeout* in total, SIGKILL the
-    ones still there."""
+def stop_all(procs: Iterable[subprocess.Popen[Any]], timeout: float, *,
+             now: threading.Event | None = None, poll_s: float = 0.05) -> None:
+    """SIGTERM every live process, wait for all of them together up to *timeout*, then
+    SIGKILL the ones still there; as soon as *now* is set (a second Ctrl-C), SIGKILL
+    them at once. A process that leads its own process group (``new_session``) is
+    killed with its group: its own children go with it."""
     live = [p for p in procs if p.poll() is None]
     for proc in live:
         proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for proc in live:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    while live:
+        if time.monotonic() >= deadline or (now is not None and now.is_set()):
+            for proc in live:
+                kill_tree(proc)
+            for proc in live:
+                proc.wait()
+            return
+        if now is not None:
+            now.wait(poll_s)
+        else:
+            time.sleep(poll_s)
+        live = [p for p in live if p.poll() is None]
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL *proc*, and its process group when it leads one (a child started with
+    ``new_session``: its episode processes are in its group)."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return
+    except (ProcessLookupError, PermissionError):
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
 
 
 def log_tail(path: Path | None, lines: int = 10) -> str:
@@ -98,11 +127,30 @@ def log_tail(path: Path | None, lines: int = 10) -> str:
         return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
 
 
+def last_words(path: Path | None) -> str:
+    """What a child that exited said last: its ``queue-rollout: ...`` line (the CLI's
+    one-line error) if the end of its log has one, else its last line ("" without)."""
+    said = [line.strip() for line in log_tail(path, 20).splitlines() if line.strip()]
+    for line in reversed(said):
+        if line.startswith("queue-rollout: "):
+            return line.removeprefix("queue-rollout: ")
+    return said[-1] if said else ""
+
+
+class ChildRefused(ConfigError):
+    """A supervised child exited with ``BAD_INPUT_EXIT`` (bad input or config, e.g. a
+    port in use): it is not restarted, since it would only be refused again."""
+
+
 @dataclass
 class Supervised:
     """A child that is restarted with backoff (0.5 s doubling to 30 s) when it exits; a
     child that ran for ``HEALTHY_S`` or longer before it exited starts the backoff over
-    (a crash loop backs off, an occasional death does not add up)."""
+    (a crash loop backs off, an occasional death does not add up). A child that exits
+    with ``BAD_INPUT_EXIT`` is not restarted: :meth:`keep` raises :class:`ChildRefused`
+    with what it said. With ``new_session`` it runs in its own session (and process
+    group), so a terminal's Ctrl-C reaches only its launcher, which stops it in order,
+    and a kill reaches its children too."""
 
     name: str
     argv: list[str]
@@ -114,12 +162,24 @@ class Supervised:
     next_start: float = 0.0
     started_at: float = 0.0
     clock: Callable[[], float] = time.monotonic
+    new_session: bool = False
+    exits: int = 0  # how often it exited, in all
+    last_exit: int | None = None  # its last exit status
 
     def keep(self) -> None:
         now = self.clock()
         if self.proc is not None and self.proc.poll() is None:
             return
         if self.proc is not None:
+            self.exits += 1
+            self.last_exit = self.proc.returncode
+            if self.proc.returncode == BAD_INPUT_EXIT:
+                self.proc, self.next_start = None, math.inf  # never started again
+                said = last_words(self.log_path)
+                where = f" (its log: {self.log_path})" if self.log_path else ""
+                raise ChildRefused(f"{self.name} exited with {BAD_INPUT_EXIT} (bad input or "
+                                   f"config), not restarted{': ' + said if said else ''}"
+                                   f"{where}")
             said = log_tail(self.log_path)
             log.warning("%s exited (%s); restarting%s", self.name, self.proc.returncode,
                         f"; the end of {self.log_path}:\n{said}" if said else "")
@@ -132,10 +192,11 @@ class Supervised:
             if self.before_start is not None:
                 self.before_start(self)
             if self.log_path is None:
-                self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL)
+                self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL,
+                                  start_new_session=self.new_session)
             else:
                 with self.log_path.open("ab") as log_file:
                     self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL,
-                                      stderr=log_file)
+                                      stderr=log_file, start_new_session=self.new_session)
             self.started_at = now
             log.info("%s started (pid %d)", self.name, self.proc.pid)

@@ -19,27 +19,43 @@ from tqdm import tqdm
 
 class LiveView:
     """One progress bar: *total* units of work, a line of fields beside it. On a
-    terminal it redraws in place; elsewhere (a pipe, a log file) it stays silent and
-    the command's summary tells the result."""
+    terminal it redraws in place; elsewhere (a pipe, a log file) it prints a plain line
+    when the work has moved, at most every *plain_every_s* seconds (and at the end);
+    ``enabled=False`` keeps it silent."""
 
     def __init__(self, desc: str, total: int, unit: str, *, out: TextIO | None = None,
-                 enabled: bool | None = None) -> None:
+                 enabled: bool | None = None, plain_every_s: float = 5.0) -> None:
         stream = out if out is not None else sys.stderr
+        terminal = stream.isatty()
         self._bar = tqdm(total=total, desc=desc, unit=unit, file=stream, leave=True,
                          dynamic_ncols=True,
-                         disable=not stream.isatty() if enabled is None else not enabled)
-        self._total, self._drawn_at = total, -math.inf
+                         disable=not terminal if enabled is None else not enabled)
+        self._plain = stream if enabled is None and not terminal else None
+        self._desc, self._unit, self._plain_every_s = desc, unit, plain_every_s
+        self._total, self._drawn_at, self._printed = total, -math.inf, -1
 
     def show(self, done: int, **fields: Any) -> None:
         """*done* units of *total*, and the fields as ``name=value``; redrawn at most
         five times a second (and at the end), however often it is called."""
         now = time.monotonic()
+        if self._plain is not None:
+            self._line(self._plain, now, done, fields)
+            return
         if self._bar.disable or (now - self._drawn_at < 0.2 and done < self._total):
             return
         self._drawn_at = now
         self._bar.n = done
         self._bar.set_postfix(fields, refresh=False)
         self._bar.refresh()
+
+    def _line(self, out: TextIO, now: float, done: int, fields: dict[str, Any]) -> None:
+        if done == self._printed or (now - self._drawn_at < self._plain_every_s
+                                     and done < self._total):
+            return
+        self._drawn_at, self._printed = now, done
+        out.write(f"{self._desc.strip()}: {done}/{self._total} {self._unit}"
+                  + "".join(f"  {k}={v}" for k, v in fields.items()) + "\n")
+        out.flush()
 
     def close(self) -> None:
         self._bar.close()

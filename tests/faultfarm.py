@@ -360,9 +360,11 @@ class UpFarm:
         return RolloutClient.from_config(self.toml)
 
     def log_tail(self, lines: int = 40) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        """The last *lines* of `up`'s own output and of each log its children write
+        under ``<state_dir>/logs``."""
+        paths = [self.log_path, *sorted((self.root / "state" / "logs").glob("*.log"))]
+        return "\n".join("\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+                         for p in paths if p.exists())
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -45,3 +45,33 @@ def test_mkdocs_builds_strict(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "site" / "en" / "config-reference" / "index.html").exists()
     assert (tmp_path / "site" / "zh" / "benchmarks" / "index.html").exists()
+
+
+def test_every_import_the_docs_show_works():
+    """``from queue_rollout... import A, B`` in the docs and README: each name is there."""
+    import importlib
+    import re
+
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    found = [(page.name, module, name.strip()) for page in pages
+             for module, names in re.findall(r"from (queue_rollout[\w.]*) import ([\w, ]+)",
+                                             page.read_text())
+             for name in names.split(",") if name.strip()]
+    assert ("trainer.md", "queue_rollout", "BarrierTimeout") in found
+    missing = [f"{page}: from {module} import {name}" for page, module, name in found
+               if not hasattr(importlib.import_module(module), name)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("page", ["grafana/README.md", "docs/en/operations.md",
+                                  "docs/zh/operations.md"])
+def test_the_alert_tables_list_every_alert_of_alerts_yml(page):
+    """Each page's alert table (rows that start with an alert's name) names exactly the
+    rules of grafana/alerts.yml, each once."""
+    import re
+
+    rules = re.findall(r"^\s*- alert: (\w+)\s*$", (ROOT / "grafana" / "alerts.yml").read_text(),
+                       re.MULTILINE)
+    assert len(rules) >= 7 and len(set(rules)) == len(rules)
+    rows = re.findall(r"^\| `(QueueRollout\w+)` \|", (ROOT / page).read_text(), re.MULTILINE)
+    assert sorted(rows) == sorted(rules)

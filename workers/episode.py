@@ -87,10 +87,18 @@ class LeaseKeeper:
         self.ledger, self.client = ledger, client
         self.worker_id, self.lease_s = worker_id, lease_s
         self.stop_deadline: float | None = None
+        self._swept = False  # every attempt was aborted at the stop deadline
         self._lock = threading.Lock()
         self._live: set[_Live] = set()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def stop_at(self, deadline: float) -> None:
+        """Shutdown: at *deadline* (the end of the grace) every attempt still running is
+        aborted at once, not at its next renewal (which may be lease / 3 later)."""
+        if self.stop_deadline is None:
+            self.stop_deadline = deadline
+            self._wake.set()
 
     def add(self, live: _Live) -> None:
         with self._lock:
@@ -121,6 +129,18 @@ class LeaseKeeper:
             with self._lock:
                 due = [x for x in self._live if not x.done.is_set()]
                 delay = (min(x.next_beat for x in due) - time.monotonic()) if due else None
+                sweep = []
+                if self.stop_deadline is not None and not self._swept:
+                    until = self.stop_deadline - time.monotonic()
+                    if until <= 0:
+                        self._swept, sweep = True, due
+                    else:
+                        delay = until if delay is None else min(delay, until)
+            if sweep:  # the grace is over: stop every generation now
+                log.info("shutdown grace over: aborting %d running attempts", len(sweep))
+                for live in sweep:
+                    self._abort_quietly(live)
+                continue
             if delay is None or delay > 0:
                 self._wake.wait(delay)
                 self._wake.clear()
@@ -183,8 +203,7 @@ class AttemptRunner:
         """Shutdown: running episodes may finish within the grace period."""
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.config.timeouts.shutdown_grace
-        if self.lease.stop_deadline is None:
-            self.lease.stop_deadline = self.stop_deadline
+        self.lease.stop_at(self.stop_deadline)
 
     def await_replica(self, stopping: Callable[[], bool], beat: Callable[[], None],
                       poll_s: float = 1.0) -> None:

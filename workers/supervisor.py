@@ -34,12 +34,20 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from queue_rollout.config import Config
-from queue_rollout.engines.sglang import PAUSE_MODES, EngineError, PauseMode, SGLangClient
-from queue_rollout.errors import QueueRolloutError
+from queue_rollout.engines.sglang import (
+    PAUSE_MODES,
+    BadEngineURL,
+    EngineError,
+    PauseMode,
+    SGLangClient,
+)
+from queue_rollout.errors import BadInput, BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
@@ -53,6 +61,10 @@ log = logging.getLogger(__name__)
 #: The controls are re-read at least this often, whatever the channel says (a lost
 #: message delays a pause by at most this much; it never loses it).
 CONTROLS_REREAD_S = 10.0
+#: How long a worker waits for its replica's /health before it gives up (exit 3), and
+#: how often it says what it waits for meanwhile.
+REPLICA_WAIT_S = 120.0
+REPLICA_SAY_S = 5.0
 
 
 def pause_mode(recorded: str) -> PauseMode:
@@ -73,12 +85,19 @@ class Supervisor:
     boot_id: str = ""
     health_s: float = 1.0  # the replica's /health (and boot id) are checked this often
     children: list[Supervised] = field(default_factory=list)
+    clock: Callable[[], float] = time.monotonic  # the wait for the replica's clock
+    sleep: Callable[[float], None] = time.sleep
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.farm.name)
-        self.client = SGLangClient(self.engine_url, timeout=10)
+        try:
+            self.client = SGLangClient(self.engine_url, timeout=10)
+        except BadEngineURL as exc:
+            raise BadInput(f"--engine-url: {exc}") from None
         self.worker_id = f"{socket.gethostname()}-gpu{self.gpu}"
         self._stop = False
+        self._now = threading.Event()  # a second signal: stop the episode processes now
+        self.waiting_for = ""  # while the replica is awaited: its URL and the last answer
         self._paused_epoch: int | None = None  # the pause epoch our replica is paused for
         self._weights_epoch = 0  # the last weight update applied (0: none yet)
         self._last_warning, self._last_warning_at = "", 0.0
@@ -93,18 +112,42 @@ class Supervisor:
 
     # -- start -----------------------------------------------------------------------
 
-    def wait_for_replica(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.client.healthy():
-            if time.monotonic() > deadline:
-                raise EngineError(f"replica {self.engine_url} not healthy after {timeout:g}s")
-            time.sleep(1.0)
+    def wait_for_replica(self, timeout: float = REPLICA_WAIT_S, say_every: float = REPLICA_SAY_S,
+                         poll_s: float = 1.0) -> bool:
+        """Until the replica answers ``/health``, saying every *say_every* seconds what it
+        waits for (the URL, the last answer); BarrierTimeout after *timeout*; False if a
+        signal stopped the worker meanwhile."""
+        started = self.clock()
+        say_at = started  # the first failure is said at once
+        while (problem := self.client.health_problem(timeout=min(5.0, max(1.0, poll_s * 2)))):
+            waited = self.clock() - started
+            self.waiting_for = f"{self.engine_url}: {problem}"
+            if self._stop:
+                return False
+            if waited >= timeout:
+                raise BarrierTimeout(
+                    f"worker {self.worker_id}: its replica {self.engine_url} did not answer "
+                    f"/health within {timeout:g} s (last: {problem}); is the engine running "
+                    "there, and is --engine-url right?")
+            if self.clock() >= say_at:
+                log.info("worker %s: waiting for its replica %s: %s (%.0f s of %g s)",
+                         self.worker_id, self.engine_url, problem, waited, timeout)
+                say_at = self.clock() + say_every
+            self._pause(poll_s)
+        self.waiting_for = ""
         reported = str(self.client.server_info().get("boot_id") or "")
         self._reports_boot = bool(reported)
         given = bool(self.boot_id)
         if not self.boot_id:
             self.boot_id = reported
         log.info("worker %s: %s", self.worker_id, self.confirmation(given))
+        return True
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep *seconds*, in slices: a signal ends it at once."""
+        end = self.clock() + seconds
+        while not self._stop and (left := end - self.clock()) > 0:
+            self.sleep(min(left, 0.2))
 
     def confirmation(self, given: bool) -> str:
         """How this worker confirms that a doubtful attempt's request has stopped."""
@@ -147,16 +190,21 @@ class Supervisor:
     # -- the loop --------------------------------------------------------------------
 
     def run(self) -> int:
+        # from the start: a stop while the replica is awaited ends the wait at once
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
         redis = connect_config(self.config)
         ledger = Ledger.from_config(redis, self.config)
         registry = Registry(redis, self.keys, self.config.timeouts.lease)
-        self.wait_for_replica()
+        started = self.clock()
+        if not self.wait_for_replica():
+            print(f"worker {self.worker_id}: stopped before its replica was ready (waited "
+                  f"{self.clock() - started:.0f} s for {self.waiting_for})", flush=True)
+            return 0
         if self.adaptive:
             self.limit_file = LimitFile(self.limit)
         self.register(registry)
         self.children = self._children()
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
         e = self.config.engine
         adaptive = (f" (adaptive: {e.min_slots_per_replica} to {e.slots_per_replica} take "
                     "jobs)" if self.adaptive else "")
@@ -281,6 +329,8 @@ class Supervisor:
             return self.boot_id
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if self._stop:  # the second: the running episodes are not waited for
+            self._now.set()
         self._stop = True
 
     def _shutdown(self, registry: Registry) -> None:
@@ -291,8 +341,16 @@ class Supervisor:
             except EngineError as exc:
                 log.warning("worker %s: could not resume the replica on the way out: %s",
                             self.worker_id, exc)
-        stop_all((c.proc for c in self.children if c.proc),
-                 self.config.timeouts.shutdown_grace + 30)
+        grace = self.config.timeouts.shutdown_grace
+        live = [c.proc for c in self.children if c.proc and c.proc.poll() is None]
+        if live and not self._now.is_set():
+            print(f"worker {self.worker_id}: stopping: its running episodes have up to "
+                  f"{grace} s to finish (then they are aborted and handed back); Ctrl-C "
+                  "again (or a second SIGTERM) to stop now", flush=True)
+        stop_all(live, grace + 30, now=self._now)
+        if self._now.is_set() and live:
+            print(f"worker {self.worker_id}: episode processes stopped now; what they ran "
+                  "is redone once its leases expire", flush=True)
         if self.limit_file is not None:
             self.limit_file.remove()
         try:

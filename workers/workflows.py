@@ -13,14 +13,23 @@ benchmark) and ``math`` (reward 1 when the final answer, from the last ``\\boxed
 else the last number, equals the prompt's ``answer``).
 Any other name is a plugin, ``package.module:factory``; ``factory(config)`` returns an
 object with ``run(ctx) -> float | None``.
+
+What a workflow needs of a prompt beyond ``id`` and one of ``prompt`` / ``input_ids``
+is declared beside it, on the class of a built-in or on a plugin's factory (a function
+or a class): ``prompt_fields``, the fields every prompt must carry, and
+``check_prompt(prompt, config)``, what is wrong with one prompt (a string; None or True:
+nothing; a staticmethod on a class). Both are optional. ``submit`` and
+``RolloutClient.submit`` refuse a prompt that fails them (:func:`prompt_needs`), so it
+never reaches a worker.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -101,6 +110,19 @@ class Workflow(Protocol):
     def run(self, ctx: EpisodeContext) -> float | None: ...
 
 
+#: ``check_prompt(prompt, config)``: what is wrong with one prompt for a workflow (a
+#: string); None or True when it is fine, False to refuse it without a reason.
+PromptCheck = Callable[[dict[str, Any], Config], object]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def prompt_input(prompt: dict[str, Any]) -> dict[str, Any]:
     if "input_ids" in prompt:
         return {"input_ids": prompt["input_ids"]}
@@ -109,6 +131,17 @@ def prompt_input(prompt: dict[str, Any]) -> dict[str, Any]:
 
 class ControlledLength:
     """Member m produces exactly ``member_lengths[m]`` tokens (``ignore_eos``)."""
+
+    prompt_fields = ("member_lengths",)
+
+    @staticmethod
+    def check_prompt(prompt: dict[str, Any], config: Config) -> str | None:
+        lengths, g = prompt["member_lengths"], config.rollout.group_size
+        if not isinstance(lengths, list) or len(lengths) != g:
+            return f"`member_lengths` must hold rollout.group_size = {g} ints"
+        if not all(_is_int(n) and n > 0 for n in lengths):
+            return "`member_lengths` entries must be ints > 0"
+        return None
 
     def run(self, ctx: EpisodeContext) -> float | None:
         lengths = ctx.prompt.get("member_lengths")
@@ -133,6 +166,13 @@ class ControlledTurns:
     A member marked ``harness_error`` runs its turns and finishes with reward 0 and
     finish reason ``harness_error``; otherwise its ``reward`` (default none)."""
 
+    prompt_fields = ("member_turns",)
+
+    @staticmethod
+    def check_prompt(prompt: dict[str, Any], config: Config) -> str | None:
+        return check_member_turns(prompt["member_turns"], group_size=config.rollout.group_size,
+                                  max_turns=config.limits.max_turns)
+
     def run(self, ctx: EpisodeContext) -> float | None:
         turns, harness_error, reward = member_spec(ctx.prompt, ctx.member)
         ids = list(ctx.prompt["input_ids"]) if "input_ids" in ctx.prompt else None
@@ -155,6 +195,51 @@ class ControlledTurns:
             ctx.finish_reason = "harness_error"
             return 0.0
         return reward
+
+
+_TURN_KEYS = frozenset({"gen", "tool_s", "tool_tokens"})
+_MEMBER_KEYS = frozenset({"turns", "harness_error", "reward"})
+
+
+def check_member_turns(value: Any, *, group_size: int, max_turns: int) -> str | None:
+    """What is wrong with a ``member_turns`` field, or None. It holds *group_size*
+    members; a member is a list of 1 to *max_turns* turns, or an object ``{"turns":
+    [...], "harness_error": bool, "reward": number}`` (the last two optional); a turn
+    is ``{"gen": int >= 0, "tool_s": seconds >= 0, "tool_tokens": int >= 0}`` (the last
+    two optional, default 0)."""
+    if not isinstance(value, list) or len(value) != group_size:
+        return f"`member_turns` must hold rollout.group_size = {group_size} members"
+    for m, member in enumerate(value):
+        where = f"`member_turns[{m}]`"
+        turns = member
+        if isinstance(member, dict):
+            unknown = sorted(set(member) - _MEMBER_KEYS)
+            if unknown:
+                return f"{where}: unknown key {unknown[0]!r} (turns, harness_error, reward)"
+            turns = member.get("turns")
+            if not isinstance(member.get("harness_error", False), bool):
+                return f"{where}: `harness_error` must be true or false"
+            reward = member.get("reward")
+            if reward is not None and not (_is_number(reward) and math.isfinite(reward)):
+                return f"{where}: `reward` must be a finite number"
+        if not isinstance(turns, list) or not turns:
+            return f"{where} must be a non-empty list of turns (or an object with `turns`)"
+        if len(turns) > max_turns:
+            return f"{where} has {len(turns)} turns, over limits.max_turns = {max_turns}"
+        for t, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                return f"{where} turn {t}: a turn must be an object"
+            unknown = sorted(set(turn) - _TURN_KEYS)
+            if unknown:
+                return f"{where} turn {t}: unknown key {unknown[0]!r} (gen, tool_s, tool_tokens)"
+            if not (_is_int(turn.get("gen")) and turn["gen"] >= 0):
+                return f"{where} turn {t}: `gen` must be an int >= 0"
+            tool_s = turn.get("tool_s", 0)
+            if not (_is_number(tool_s) and math.isfinite(tool_s) and tool_s >= 0):
+                return f"{where} turn {t}: `tool_s` must be a finite number of seconds >= 0"
+            if not (_is_int(turn.get("tool_tokens", 0)) and turn.get("tool_tokens", 0) >= 0):
+                return f"{where} turn {t}: `tool_tokens` must be an int >= 0"
+    return None
 
 
 def member_spec(prompt: dict[str, Any], member: int
@@ -210,6 +295,14 @@ def answers_match(got: str | None, want: object) -> bool:
 class Math:
     """Reward 1.0 when the final answer equals the prompt's ``answer``, else 0.0."""
 
+    prompt_fields = ("answer",)
+
+    @staticmethod
+    def check_prompt(prompt: dict[str, Any], config: Config) -> str | None:
+        if not (isinstance(prompt["answer"], str) or _is_number(prompt["answer"])):
+            return "`answer` must be a string or a number"
+        return None
+
     def run(self, ctx: EpisodeContext) -> float | None:
         ctx.generate(**prompt_input(ctx.prompt))
         return 1.0 if answers_match(extract_answer("".join(ctx.texts)),
@@ -223,24 +316,88 @@ class NoOp:
         return None
 
 
-BUILT_IN: dict[str, Callable[[Config], Workflow]] = {
-    "controlled_length": lambda config: ControlledLength(),
-    "controlled_turns": lambda config: ControlledTurns(),
-    "math": lambda config: Math(),
-    "noop": lambda config: NoOp(),
+BUILT_IN: dict[str, Callable[[], Workflow]] = {
+    "controlled_length": ControlledLength,
+    "controlled_turns": ControlledTurns,
+    "math": Math,
+    "noop": NoOp,
 }
+
+
+def _factory(config: Config) -> Callable[..., object]:
+    """The built-in's class, or the plugin's factory ``workflow.name`` names."""
+    name = config.workflow.name
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    if ":" not in name:
+        raise ConfigError(f"workflow.name: {name!r} is neither a built-in "
+                          f"({', '.join(BUILT_IN)}) nor package.module:factory")
+    return typing.cast(Callable[..., object], load_reference(name, "workflow.name"))
 
 
 def load_workflow(config: Config) -> Workflow:
     """The workflow ``workflow.name`` names: a built-in, or ``package.module:factory``."""
     name = config.workflow.name
+    prompt_needs(config)  # a malformed declaration is refused here as at submit
     if name in BUILT_IN:
-        return BUILT_IN[name](config)
-    if ":" not in name:
-        raise ConfigError(f"workflow.name: {name!r} is neither a built-in "
-                          f"({', '.join(BUILT_IN)}) nor package.module:factory")
-    factory = typing.cast(Callable[[Config], object], load_reference(name, "workflow.name"))
-    workflow = factory(config)
+        return BUILT_IN[name]()
+    workflow = _factory(config)(config)
     if not callable(getattr(workflow, "run", None)):
         raise ConfigError(f"workflow.name: {name!r} returned an object without run(ctx)")
     return typing.cast(Workflow, workflow)
+
+
+@dataclass(frozen=True)
+class PromptNeeds:
+    """What the farm's workflow needs of a prompt beyond the basics: the fields every
+    prompt must carry, and the workflow's own check (None: none)."""
+
+    workflow: str
+    config: Config = field(repr=False)
+    fields: tuple[str, ...] = ()
+    check: PromptCheck | None = field(default=None, repr=False)
+
+    def problem(self, prompt: dict[str, Any]) -> str | None:
+        """What is wrong with *prompt* for this workflow, or None."""
+        missing = [f for f in self.fields if f not in prompt]
+        if missing:
+            return (f"{_names(missing)} missing: workflow {self.workflow!r} needs "
+                    f"{'it' if len(missing) == 1 else 'them'} in every prompt")
+        if self.check is None:
+            return None
+        try:
+            problem = self.check(prompt, self.config)
+        except Exception as exc:  # a plugin's bug refuses the prompt, with what it raised
+            return (f"workflow {self.workflow!r}: check_prompt raised "
+                    f"{type(exc).__name__}: {exc}")
+        if problem is None or problem is True:
+            return None
+        if isinstance(problem, str) and problem:
+            return problem
+        return f"refused by workflow {self.workflow!r}'s check_prompt"
+
+
+def _names(fields: Sequence[str]) -> str:
+    names = [f"`{f}`" for f in fields]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def prompt_needs(config: Config) -> PromptNeeds:
+    """What ``workflow.name``'s workflow declares it needs of a prompt: ``prompt_fields``
+    and ``check_prompt`` on the built-in's class or the plugin's factory (both optional).
+    Nothing is built or started: a plugin's module is imported, as loading the config
+    already does. ConfigError when a declaration is malformed."""
+    name = config.workflow.name
+    factory = _factory(config)
+    fields = getattr(factory, "prompt_fields", ())
+    if fields is None:
+        fields = ()
+    if isinstance(fields, (str, bytes)) or not isinstance(fields, (list, tuple)) or not all(
+            isinstance(f, str) and f for f in fields):
+        raise ConfigError(f"workflow.name: {name!r}: prompt_fields must be a list of field "
+                          f"names, got {fields!r}")
+    check = getattr(factory, "check_prompt", None)
+    if check is not None and not callable(check):
+        raise ConfigError(f"workflow.name: {name!r}: check_prompt must be a function "
+                          "(prompt, config) -> str | None")
+    return PromptNeeds(name, config, tuple(fields), check)

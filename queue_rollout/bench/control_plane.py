@@ -3,7 +3,8 @@ through plain RQ, with the same number of worker processes, side by side.
 
 Farm: prompts of G = 8 no-op episodes (the ``noop`` workflow calls no replica) go
 through admission, the outbox, RQ's queue, the ledger's start and finish, judgement and
-batches of B = 16 groups (the reference shape), which the bench takes and acknowledges;
+batches of B = 16 groups (the reference shape), which the bench takes and acknowledges
+(a run whose groups are not whole batches ends when its last groups are accepted);
 ``workers`` episode processes of one slot each
 (:class:`~queue_rollout.workers.rq_worker.EpisodeProcess`) run them. Plain RQ: a
 producer enqueues the same number of jobs of a function that does nothing (JSON
@@ -11,7 +12,8 @@ serializer, as the farm's), in pipelines of 100 as the farm's outbox does, and
 ``workers`` plain ``SimpleWorker`` processes run them. Each side is timed from its
 first submission to its last episode done (the farm: the last batch delivered); the
 sides alternate (plain, farm, farm, plain, ...) so that background load hits both
-alike.
+alike. Each side runs exactly the episodes asked for, split as evenly as whole groups
+allow over its runs (:func:`side_runs`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from rq.serializers import JSONSerializer
 from queue_rollout.bench.pilot import wait_for_rq_workers
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config
-from queue_rollout.errors import InvariantViolation
+from queue_rollout.errors import BadInput, InvariantViolation
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
@@ -43,6 +45,7 @@ from queue_rollout.ledger.outbox import episode_queue
 from queue_rollout.procs import spawn, stop_all
 
 GROUP, BATCH = 8, 16  # the reference shape: a batch is 16 groups of 8
+ROUNDS = 2  # of (plain, farm, farm, plain): 4 runs a side
 
 
 def noop() -> None:
@@ -119,11 +122,20 @@ def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Pat
         client = RolloutClient(Ledger.from_config(connect(redis_url), config), config)
         farm.wait_ready(stop)
         wait_for_rq_workers(episode_queue(client.ledger.client, client.ledger.keys), workers)
+        if episodes % GROUP:
+            raise ValueError(f"{episodes} episodes are not whole groups of {GROUP}")
         groups = episodes // GROUP
         t0 = time.monotonic()
         client.submit({"id": f"cp-{i}", "prompt": "noop"} for i in range(groups))
         for _ in range(groups // BATCH):
             client.ack(client.get_batch(timeout=600))
+        # groups short of a batch: done once accepted (no batch will take them)
+        deadline = time.monotonic() + 600
+        while client.ledger.counters().get("accepted", 0) < groups:
+            if time.monotonic() > deadline:
+                raise InvariantViolation(f"bench control-plane: {groups} groups not all "
+                                         "accepted within 600 s")
+            time.sleep(0.005)
         elapsed = time.monotonic() - t0
         finished = client.ledger.counters().get("finished", 0)
         if finished != groups * GROUP:
@@ -135,29 +147,42 @@ def run_farm(redis_url: str, workers: int, episodes: int, tag: str, workdir: Pat
         farm.stop()
 
 
+def side_runs(episodes: int, rounds: int = ROUNDS) -> list[int]:
+    """The episodes of each of a side's 2 x *rounds* runs: *episodes* in all, whole
+    groups of ``GROUP`` in each, the runs differing by one group at most (the first ones
+    the larger). BadInput when *episodes* cannot be split so."""
+    runs = 2 * rounds
+    if episodes % GROUP or episodes < GROUP * runs:
+        raise BadInput(f"--episodes: {episodes} is not a multiple of {GROUP} of at least "
+                       f"{GROUP * runs}: each side runs groups of {GROUP} episodes, at "
+                       f"least one in each of its {runs} runs")
+    per_run, more = divmod(episodes // GROUP, runs)
+    return [(per_run + (i < more)) * GROUP for i in range(runs)]
+
+
 def run_control_plane_bench(redis_url: str, *, workers: int = 8, episodes: int = 2000,
-                            rounds: int = 2,
+                            rounds: int = ROUNDS,
                             progress: Callable[[str], None] = lambda line: None
                             ) -> ControlPlaneResult:
-    """*rounds* rounds of (plain, farm, farm, plain), each side *episodes* in all
-    (over every run), rounded down to whole batches of groups."""
-    unit = GROUP * BATCH
-    per_run = max(unit, episodes // (2 * rounds) // unit * unit)
+    """*rounds* rounds of (plain, farm, farm, plain), each side *episodes* in all (over
+    every run, as :func:`side_runs` splits them)."""
+    sizes = {"plain": side_runs(episodes, rounds), "farm": side_runs(episodes, rounds)}
     farm_s = plain_s = 0.0
     with tempfile.TemporaryDirectory(prefix="qr-bench-cp-") as tmp:
         n = 0
         for r in range(rounds):
             for side in ("plain", "farm", "farm", "plain"):
                 n += 1
+                size = sizes[side].pop(0)
                 if side == "plain":
-                    s = run_plain(redis_url, workers, per_run, f"{r}-{n}")
+                    s = run_plain(redis_url, workers, size, f"{r}-{n}")
                     plain_s += s
                 else:
-                    s = run_farm(redis_url, workers, per_run, f"{r}-{n}", Path(tmp))
+                    s = run_farm(redis_url, workers, size, f"{r}-{n}", Path(tmp))
                     farm_s += s
-                progress(f"control-plane round {r + 1}: {side} {per_run} episodes in {s:.2f}s "
-                         f"({per_run / s:.0f}/s)")
-    return ControlPlaneResult(workers, per_run * 2 * rounds, farm_s, plain_s)
+                progress(f"control-plane round {r + 1}: {side} {size} episodes in {s:.2f}s "
+                         f"({size / s:.0f}/s)")
+    return ControlPlaneResult(workers, episodes, farm_s, plain_s)
 
 
 def _plain_worker(redis_url: str, queue_name: str) -> None:

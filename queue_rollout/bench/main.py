@@ -89,6 +89,10 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
     process's streams as they are when called)."""
     out, err = out or sys.stdout, err or sys.stderr
     profiles = ALL if args.profile == "all" else (args.profile,)
+    if "control-plane" in profiles:  # refuse --episodes now, not after the other profiles
+        from queue_rollout.bench.control_plane import side_runs
+
+        side_runs(args.cp_episodes)
     started = time.monotonic()
     live = err.isatty()  # a terminal shows live views; the lines go to the log
 

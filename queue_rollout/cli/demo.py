@@ -78,9 +78,15 @@ class ModeReport:
         return self.active_area / self.generating if self.generating else 0.0
 
     @property
+    def intervals(self) -> list[float]:
+        """Each rollout interval: from the farm resuming after a training step to the
+        next batch ready."""
+        return [self.ready_times[k] - self.resumed_times[k - 1]
+                for k in range(1, min(len(self.ready_times), len(self.resumed_times) + 1))]
+
+    @property
     def mean_interval(self) -> float:
-        iv = [self.ready_times[k] - self.resumed_times[k - 1]
-              for k in range(1, min(len(self.ready_times), len(self.resumed_times) + 1))]
+        iv = self.intervals
         return sum(iv) / len(iv) if iv else float("nan")
 
 
@@ -113,6 +119,7 @@ def run_mode(base: Config, redis_url: str, mode: str, root: Path,
             report.seconds = time.monotonic() - t0
             stop.set()
             sampler.join(5)
+            _show(view, client.status())  # the end, drawn whole
         c = client.ledger.counters()
         report.accepted, report.rejected = c.get("accepted", 0), c.get("rejected", 0)
     finally:
@@ -131,11 +138,21 @@ def _sample(client: RolloutClient, report: ModeReport, stop: threading.Event,
             report.active_area += s["active_episodes"] * (now - last)
             report.generating += now - last
         last = now
-        g = s["groups"]
-        view.show(g["consumed"], slots=f"{s['reserved']}/{s['capacity']}",
-                  running=s["active_episodes"], pending=g["pending"],
-                  in_flight=g["in_flight"], ready=g["ready"],
-                  version=f"v{s['version']}{' paused' if s['paused'] else ''}")
+        _show(view, s)
+
+
+def _show(view: LiveView, s: dict[str, Any]) -> None:
+    """Groups consumed; slots reserved (by admitted groups) of the capacity, episodes
+    running, groups pending, in flight and ready; the policy version."""
+    g = s["groups"]
+    view.show(g["consumed"], reserved=f"{s['reserved']}/{s['capacity']} slots",
+              running=s["active_episodes"], pending=g["pending"],
+              in_flight=g["in_flight"], ready=g["ready"],
+              version=f"v{s['version']}{' paused' if s['paused'] else ''}")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.2f} to {max(values):.2f} s" if values else "none"
 
 
 def run_stack_demo(base: Config, out: TextIO = sys.stdout, *, verbose: bool = False) -> int:
@@ -152,9 +169,10 @@ def _run_stack_demo(base: Config, root: Path, out: TextIO, verbose: bool) -> int
     if not verbose:
         log_to_file(logs / "demo.log")
     out.write(f"queue-rollout demo: {PROMPTS} prompts x G={GROUP} ({GROUP - 1} x {SHORT} + "
-              f"1 x {LONG} tokens), B={BATCH}, {REPLICAS} simulated replicas x {SLOTS} slots, "
-              f"a {TRAIN_S:g} s training pause x {TRAIN_BATCHES}; embedded Redis, workers, "
-              "collector: the real stack\n")
+              f"1 x {LONG} tokens), B={BATCH}: {PROMPTS // BATCH} batches, the first "
+              f"{TRAIN_BATCHES} each followed by a {TRAIN_S:g} s training pause, the rest "
+              f"drained; {REPLICAS} simulated replicas x {SLOTS} slots; embedded Redis, "
+              "workers, collector: the real stack\n")
     out.flush()
     with EmbeddedRedis(root / "redis", write_url=False) as redis_server:
         reports = [run_mode(base, redis_server.url, mode, root, None if verbose else logs)
@@ -173,8 +191,17 @@ def _run_stack_demo(base: Config, root: Path, out: TextIO, verbose: bool) -> int
     out.write(f"\n  {'':<28}{'group admit':>13}{'sample refill':>15}\n")
     for name, a, b, fmt in rows:
         out.write(f"  {name:<28}{format(a, fmt):>13}{format(b, fmt):>15}\n")
-    out.write("\n(real processes and wall-clock seconds on this machine; "
-              "`queue-rollout demo --virtual` runs the reference shape in virtual time)\n")
+    out.write(
+        "\n  rollout interval: from the farm resuming after a training step to the next "
+        "batch ready\n  (mean over the trained batches; this run's spread: group "
+        f"{_spread(g.intervals)}, sample {_spread(s.intervals)})\n"
+        "  all batches delivered: from the prompts submitted to the last batch taken\n"
+        "  active episodes: running while the farm was not paused; occupancy: that over "
+        f"the {REPLICAS * SLOTS} slots\n"
+        "\n(one run of each, real processes and wall-clock seconds on this machine: on a "
+        "busy machine\n a run may take a quarter longer than the last; `queue-rollout bench "
+        "--profile long-tail`\n repeats and audits, `queue-rollout demo --virtual` runs the "
+        "reference shape in virtual time)\n")
     if not verbose:
         out.write(f"logs: {logs}\n")
     return 0

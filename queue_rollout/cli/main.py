@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from queue_rollout import __version__
+from queue_rollout.cli import release, trace
 from queue_rollout.config import Config, load_config
 from queue_rollout.errors import ConfigError, QueueRolloutError
 
@@ -59,7 +62,6 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 
 def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
     import shlex
-    from pathlib import Path
 
     from queue_rollout.plan.main import PlanArgs, run
 
@@ -73,12 +75,26 @@ def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
         from queue_rollout.ledger.connection import connect_config
         from queue_rollout.ledger.group_shapes import recorded_shapes
         from queue_rollout.ledger.keys import Keys
+        from queue_rollout.ledger.registry import Registry
 
         client = connect_config(config)
         try:
-            recorded = tuple(recorded_shapes(client, Keys(config.farm.name)))
+            keys = Keys(config.farm.name)
+            recorded = tuple(recorded_shapes(client, keys))
+            live = len(Registry(client, keys, config.timeouts.lease).live())
         finally:
             client.close()
+        # the farm's own shape where no flag says otherwise: its replicas (the live
+        # workers, else engine.urls, else engine.replicas), slots and batch size
+        if args.gpus is None:
+            e = config.engine
+            args.gpus, source = ((live, "live workers") if live else
+                                 (len(e.urls), "engine.urls") if e.urls else
+                                 (e.replicas, "engine.replicas"))
+            print(f"plan: {args.gpus} replicas, from the farm's {source} (--gpus to change)",
+                  file=sys.stderr)
+        args.slots_per_replica = args.slots_per_replica or config.engine.slots_per_replica
+        args.batch_size = args.batch_size or config.rollout.batch_size
     return run(PlanArgs(
         profile=args.profile, workload=Path(args.workload) if args.workload else None,
         recorded=recorded, farm=config.farm.name,
@@ -163,7 +179,31 @@ def _fraction(text: str) -> float:
     return value
 
 
+#: Each bench profile with about how long it ran on this project's 2-core machine.
+BENCH_PROFILES = {
+    "long-tail": "2 min", "equal": "1.5 min", "group-between": "1.5 min",
+    "mixed-tail": "1.5 min", "control-plane": "1 min", "ledger": "30 s",
+    "calibration": "30 s", "swe-agentic": "8.5 min", "boba-math": "3.5 min",
+    "boba-math-b8": "3.5 min", "long-prompt": "3.5 min", "kv-pressure": "5.5 min",
+    "all": "28 min (every profile above)", "sim-replica": "1 min",
+    "redis-load": "2 min", "real-sglang": "14 min (needs SGLang and --model)",
+    "real-sglang-kv": "10 min (needs SGLang and --model)",
+}
+
+
 def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
+    if args.profile is None:
+        width = max(map(len, BENCH_PROFILES))
+        print("bench: choose one with --profile; each took about this long here:\n" +
+              "\n".join(f"  {name:<{width}}  {took}" for name, took in BENCH_PROFILES.items()),
+              file=sys.stderr)
+        return 2
+    if args.out:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ConfigError("--out: the plots need matplotlib, which is not installed "
+                              "(pip install 'queue-rollout[bench]'); nothing was run")
     if args.profile == "sim-replica":
         from queue_rollout.bench.sim_replica import run_sim_replica_bench
 
@@ -176,7 +216,6 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
               f"over {sim.seconds:g} s")
         return 0
     import shlex
-    from pathlib import Path
 
     if args.profile == "redis-load":
         import shutil
@@ -225,8 +264,6 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
 
 
 def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from queue_rollout.bench.real_sglang import real_sglang_text, run_real_sglang, write_json
     from queue_rollout.launch.node import sglang_python
     from queue_rollout.progress import log_to_file
@@ -267,12 +304,10 @@ def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_up(config: Config, args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from queue_rollout.launch.up import run_up
 
     return run_up(config, request_log_dir=Path(args.request_log_dir)
-                  if args.request_log_dir else None)
+                  if args.request_log_dir else None, verbose=args.verbose)
 
 
 def _cmd_collector(config: Config, args: argparse.Namespace) -> int:
@@ -333,16 +368,16 @@ def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
-    from queue_rollout.client.prompts import known_ids_refusal, read_numbered
+    from queue_rollout.client.prompts import farm_needs, known_ids_refusal, read_numbered
     from queue_rollout.errors import BadInput
     from queue_rollout.ledger.connection import connect_config
     from queue_rollout.ledger.core import Ledger
 
-    # The whole file is validated before Redis is touched; the submit script then
-    # checks every id against the farm before it writes anything.
-    prompts = read_numbered(args.file, group_size=config.rollout.group_size,
-                            max_bytes=config.limits.max_prompt_bytes,
-                            max_turns=config.limits.max_turns)
+    # The whole file is validated before Redis is touched, against what the farm's
+    # workflow needs of a prompt too (a file without a prompt is refused); the submit
+    # script then checks every id against the farm before it writes anything.
+    prompts = read_numbered(args.file, max_bytes=config.limits.max_prompt_bytes,
+                            needs=farm_needs(config))
     ledger = Ledger.from_config(connect_config(config), config)
     answer = ledger.submit((pid, raw) for _, pid, raw in prompts)
     if answer.status == "duplicate":
@@ -366,9 +401,8 @@ def _cmd_node(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from queue_rollout.engines.sim_server import run_sim_engine
+    from queue_rollout.engines.sim_server import PortUnavailable, run_sim_engine
+    from queue_rollout.errors import bind_failed
 
     e = config.engine
     pool = args.max_total_tokens or e.max_total_tokens
@@ -376,27 +410,48 @@ def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
     if pool < chunk:
         raise ConfigError(f"--max-total-tokens: a pool of {pool} tokens is smaller than one "
                           f"prefill chunk ({chunk} tokens)")
-    run_sim_engine(
-        host=args.host, port=args.port, slots=args.slots or e.slots_per_replica,
-        step_ms=e.step_ms if args.step_ms is None else args.step_ms,
-        step_ms_per_request=(e.step_ms_per_request if args.step_ms_per_request is None
-                             else args.step_ms_per_request),
-        request_log=Path(args.request_log) if args.request_log else None,
-        boot_id=args.boot_id,
-        prefill_tokens_per_s=args.prefill_tokens_per_s or e.prefill_tokens_per_s,
-        chunked_prefill_size=chunk, max_total_tokens=pool,
-    )
+    try:
+        run_sim_engine(
+            host=args.host, port=args.port, slots=args.slots or e.slots_per_replica,
+            step_ms=e.step_ms if args.step_ms is None else args.step_ms,
+            step_ms_per_request=(e.step_ms_per_request if args.step_ms_per_request is None
+                                 else args.step_ms_per_request),
+            request_log=Path(args.request_log) if args.request_log else None,
+            boot_id=args.boot_id,
+            prefill_tokens_per_s=args.prefill_tokens_per_s or e.prefill_tokens_per_s,
+            chunked_prefill_size=chunk, max_total_tokens=pool,
+        )
+    except PortUnavailable as exc:  # one line naming the port, not a traceback
+        raise bind_failed("--port", args.host, args.port, exc) from None
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _common(where: str) -> argparse.ArgumentParser:
+    """``-c`` and ``-v``, taken before the command (*where* ``global``) and after it;
+    each place has its own names, so that one does not overwrite the other."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-c", "--config", metavar="FARM.toml",
+    common.add_argument("-c", "--config", metavar="FARM.toml", dest=f"{where}_config",
                         help="farm config (TOML); without it, the built-in defaults")
-    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    common.add_argument("-v", "--verbose", action="store_true", dest=f"{where}_verbose",
+                        help="debug logging")
+    return common
 
+
+def _settle_common(args: argparse.Namespace) -> None:
+    """One ``config`` and ``verbose`` from the two places they may be given; two
+    different configs are bad input."""
+    before, after = args.global_config, args.command_config
+    if before and after and Path(before).resolve() != Path(after).resolve():
+        raise ConfigError(f"-c given twice, as {before} before the command and {after} "
+                          "after it; give one")
+    args.config = before or after
+    args.verbose = args.global_verbose or args.command_verbose
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common("command")
     parser = argparse.ArgumentParser(
-        prog="queue-rollout", parents=[common],
+        prog="queue-rollout", parents=[_common("global")],
         description="Sample-level refill for LLM RL rollouts across a GPU farm: a Redis "
                     "ledger, RQ workers, SGLang replicas.",
         epilog="Exit codes: 0 ok; 1 an invariant violation; 2 bad input or config; "
@@ -453,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("status", _cmd_status, "farm state")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
+    p = add("release", release.cmd_release, release.HELP)
+    release.configure(p)
+
+    p = add("trace", trace.cmd_trace, trace.HELP)
+    trace.configure(p)
+
     p = add("doctor", _cmd_doctor,
             "check the ledger's counters against its records; exit 1 on a violation")
     p.add_argument("--repair", action="store_true",
@@ -490,11 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("bench", _cmd_bench,
             "benchmarks: the pilots through the real stack, the control plane, the ledger")
-    p.add_argument("--profile", default="all",
-                   choices=["long-tail", "equal", "group-between", "mixed-tail",
-                            "control-plane", "ledger", "calibration", "swe-agentic",
-                            "boba-math", "boba-math-b8", "long-prompt", "kv-pressure", "all",
-                            "sim-replica", "redis-load", "real-sglang", "real-sglang-kv"],
+    p.add_argument("--profile", default=None, choices=list(BENCH_PROFILES),
                    help="pilots (long-tail, equal, group-between, mixed-tail; the seed's "
                         "workloads swe-agentic, boba-math, boba-math-b8, each at its own "
                         "shape and scale): both admission modes through the real stack "
@@ -505,8 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; calibration: the engine model's ideal schedules of "
                         "long-tail and equal under each pause mode beside the reference's "
-                        "figures; all: every one of these (default); sim-replica: CPU of "
-                        "one simulated replica serving --requests in a closed loop; "
+                        "figures; all: every one of these (without --profile: the list, "
+                        "with how long each takes); sim-replica: CPU of one simulated "
+                        "replica serving --requests in a closed loop; "
                         "redis-load: what a farm of --gpus costs Redis, idle, per episode "
                         "and per running episode; real-sglang: both modes on two real SGLang "
                         "replicas on this machine's CPU (--model), beside the engine model "
@@ -535,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive, default=8,
                    help="control-plane: worker processes on each side (default 8)")
     p.add_argument("--episodes", type=_positive, default=8000,
-                   help="control-plane: episodes per side, over 2 rounds (default 8000)")
+                   help="control-plane: episodes per side, over 2 rounds; a multiple of 8, "
+                        "at least 32 (default 8000)")
     p.add_argument("--clients", type=_positive, default=8,
                    help="ledger: concurrent clients (default 8)")
     p.add_argument("--seconds", type=float,
@@ -594,11 +653,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "that completed with every member finished; `status` shows how "
                         "many), sampled by --seed")
     p.add_argument("--gpus", type=_positive, help="replicas, one per GPU (default: the "
-                   "profile's; 8)")
+                   "profile's; 8; --from-farm: its live workers, else engine.urls, else "
+                   "engine.replicas)")
     p.add_argument("--slots-per-replica", type=_positive,
-                   help="episode slots per replica (default 16)")
+                   help="episode slots per replica (default 16; --from-farm: "
+                        "engine.slots_per_replica)")
     p.add_argument("--group-size", type=_positive, help="G (default: the workload's)")
-    p.add_argument("--batch-size", type=_positive, help="B, groups per batch (default 16)")
+    p.add_argument("--batch-size", type=_positive,
+                   help="B, groups per batch (default 16; --from-farm: rollout.batch_size)")
     p.add_argument("--batches", type=_positive,
                    help="K: K x B prompts, a training pause after each batch (default: the "
                         "profile's schedule; a workload file 8)")
@@ -634,6 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        _settle_common(args)
+    except ConfigError as exc:
+        print(f"queue-rollout: {exc}", file=sys.stderr)
+        return exc.exit_code
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
@@ -647,6 +714,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`status | head -1`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

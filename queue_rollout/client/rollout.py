@@ -8,6 +8,9 @@
     client.set_version(client.version() + 1)
 
 A trainer that restarts with the same consumer id gets its unacknowledged batch again.
+A batch whose consumer never comes back can be released (``queue-rollout release
+--consumer ID``, or ``timeouts.batch_ack``): any consumer's next ``get_batch`` gets it,
+``redelivered``, and the old consumer's late ``ack`` of it raises BatchReleased.
 Results are deleted from Redis once their batch is acknowledged.
 
 A client remembers the groups it trained on (the last :data:`REMEMBERED_GROUPS`). A
@@ -29,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from queue_rollout.client.prompts import check_prompt, known_ids_refusal
+from queue_rollout.client.prompts import check_prompt, farm_needs, known_ids_refusal
 from queue_rollout.config import Config, load_config
-from queue_rollout.errors import BadInput, BarrierTimeout, RedisUnavailable
+from queue_rollout.errors import BadInput, BarrierTimeout, BatchReleased, RedisUnavailable
 from queue_rollout.ledger.connection import (
     connect_config,
     mask_url,
@@ -71,8 +74,9 @@ class Group:
 @dataclass(frozen=True)
 class Batch:
     id: str
-    version: int  # the policy version when the batch was delivered
+    version: int  # the policy version when the batch was (first) delivered
     groups: list[Group]
+    #: delivered before: to this consumer (it restarted) or, released, to another
     redelivered: bool = False
 
     def stale_token_mask(self, current_version: int, max_staleness: int) -> list[list[list[bool]]]:
@@ -108,15 +112,17 @@ class RolloutClient:
         return cls(Ledger.from_config(connect_config(config), config), config, consumer)
 
     def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
-        """Validate and enqueue prompts, all or none; returns how many."""
+        """Validate and enqueue prompts, all or none; returns how many. A prompt must
+        also carry what the farm's workflow needs (``member_lengths`` for
+        ``controlled_length``, ``answer`` for ``math``, a plugin's ``prompt_fields``):
+        BadInput names the first one that does not, by index and id."""
         checked = []
         seen: dict[str, str] = {}  # id -> where it was given
+        needs = farm_needs(self.config)
         for i, prompt in enumerate(prompts):
             where = f"prompt #{i}"
-            limits = self.config.limits
-            pid, raw = check_prompt(prompt, group_size=self.config.rollout.group_size,
-                                    max_bytes=limits.max_prompt_bytes, where=where,
-                                    max_turns=limits.max_turns)
+            pid, raw = check_prompt(prompt, max_bytes=self.config.limits.max_prompt_bytes,
+                                    where=where, needs=needs)
             if pid in seen:
                 raise BadInput(f"{where}: duplicate id {pid!r} (first as {seen[pid]})")
             seen[pid] = where
@@ -188,13 +194,20 @@ class RolloutClient:
         """The batch was trained on: its groups are consumed and their results deleted.
         A batch this client received whose delivery the ledger lost (a Redis failover)
         is refused by the ledger: logged, and its groups remembered so that they are
-        dropped when they are delivered again."""
+        dropped when they are delivered again. A batch released from this consumer
+        (``release``) raises :class:`~queue_rollout.errors.BatchReleased`: the ledger
+        does not count it, another consumer gets its groups (this client, should it
+        get them back, drops them as trained)."""
         answer = self.ledger.ack(self.consumer, batch.id)
         gids = self._received.pop(batch.id, None)
         for gid in gids if gids is not None else [g.id for g in batch.groups]:
             self._trained[gid] = None
         while len(self._trained) > REMEMBERED_GROUPS:
             self._trained.popitem(last=False)
+        if answer.refused:
+            raise BatchReleased(f"ack of batch {batch.id} refused: it was released from "
+                                f"consumer {self.consumer} and is delivered to another "
+                                "consumer; this training step is not counted")
         if answer.ignored and gids is None:
             raise BadInput(f"ack of batch {batch.id} refused: {answer.reason}")
         if answer.ignored:

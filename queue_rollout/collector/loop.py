@@ -11,7 +11,9 @@ leader:
    ``collector``: first every entry read but not acknowledged (by this collector before
    a restart, or by one that lost the lead), then new ones; judging acknowledges the
    entry in the same script, so nothing is judged twice;
-4. tick the reconciler.
+4. tick the reconciler;
+5. with ``timeouts.batch_ack`` set, release every batch unacknowledged for longer (its
+   groups go to the next consumer that takes a batch), at most once a second.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ SCAN_JOBS_EVERY = 50  # steps between the reconciler's full scans for lost RQ jo
 #: placeable workers updated, late attempts moved); a worker is live for three leases
 #: and an attempt may wait placement_wait_s, so once a second is soon enough.
 PLACE_EVERY_S = 1.0
+#: Seconds (of the ledger's clock) between looks for batches past timeouts.batch_ack.
+RELEASE_EVERY_S = 1.0
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Collector:
                                  clock=ledger.clock)
         self._steps = 0
         self._place_at = 0.0  # placement: when the reconciler's placement work is due
+        self._release_at = 0.0  # timeouts.batch_ack: when the next look is due (ledger clock)
         self._ensure_group()
 
     def _ensure_group(self) -> None:
@@ -118,7 +123,27 @@ class Collector:
         report.reconciled = len(tick.doubted) + len(tick.requeued) + len(tick.lost) + tick.moved
         if tick.requeued or tick.lost:  # their new attempts wait in the outbox
             report.handed_over += flush_outbox(self.ledger.client, self.keys)
+        report.reconciled += len(self.release_overdue())
         return report
+
+    def release_overdue(self) -> list[str]:
+        """With ``timeouts.batch_ack``: release each batch delivered longer ago than
+        that and still unacknowledged; returns their ids. At most once a second."""
+        limit = self.config.timeouts.batch_ack
+        now = self.ledger.clock()
+        if limit <= 0 or now < self._release_at:
+            return []
+        self._release_at = now + RELEASE_EVERY_S
+        released = []
+        for batch in self.ledger.held():
+            if now - batch.delivered_at <= limit:
+                break  # oldest first: the rest are younger
+            if self.ledger.release(batch.consumer, batch.id) is not None:
+                log.warning("batch %s of consumer %s unacknowledged for %.0f s "
+                            "(timeouts.batch_ack = %d): released to the next consumer",
+                            batch.id, batch.consumer, now - batch.delivered_at, limit)
+                released.append(batch.id)
+        return released
 
     def _live_workers(self, placing: bool) -> dict[str, dict[str, Any]] | None:
         """The registry's live workers, when capacity (``"auto"``) or this step's
@@ -170,7 +195,8 @@ class Collector:
         view = GroupView(group_id, json.loads(raw_prompt) if raw_prompt else {},
                          group.failed + unreadable, results)
         reason, detail = verdict(view, self.config.acceptance, self.plugin)
-        answer = self.ledger.judge(group_id, accept=not reason, reason=reason, entry_id=entry_id)
+        answer = self.ledger.judge(group_id, accept=not reason, reason=reason, entry_id=entry_id,
+                                   detail=detail)
         if not answer.ignored:
             report.judged[group_id] = reason
             if reason:

@@ -5,7 +5,8 @@ collector restarts and failovers. Histograms are fed from the ledger's observati
 stream (episode durations at ``finish``, batch intervals at ``pop_batch``, consumed
 group staleness at ``ack``); a restarted exporter starts them afresh, as Prometheus
 expects of a process restart. ``/metrics`` and ``/healthz`` listen on
-``metrics.host:port`` (127.0.0.1 unless configured otherwise).
+``metrics.host:port`` (127.0.0.1 unless configured otherwise). Every series carries the
+constant label ``farm="<farm.name>"``, so farms sharing a Prometheus stay apart.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from queue_rollout.config import Config
-from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.core import BLOCK_REASONS, Ledger
 from queue_rollout.ledger.registry import Registry
 
 log = logging.getLogger(__name__)
 #: WSGI's start_response(status, headers)
 StartResponse = Callable[[str, list[tuple[str, str]]], object]
 P = "queue_rollout_"
-BLOCK_REASONS = ("capacity", "staleness", "paused", "placement")
+#: The constant label of every series: the farm's name.
+FARM_LABEL = "farm"
 PLACEMENTS = ("one_replica", "split", "moved")
 REJECT_REASONS = ("zero_variance", "failed_members", "plugin")
 FAIL_REASONS = ("workflow", "oversized", "max_attempts")
@@ -109,6 +111,11 @@ class LedgerCollector:
                        "computed, or found in their prefix cache.", "kind",
                        ("computed", "cached"), "prefill")
         yield counter("batches_delivered", "Batches delivered.", c.get("batches", 0))
+        yield counter("batches_released", "Unacknowledged batches released from their "
+                      "consumer (release, timeouts.batch_ack) back to the ready groups.",
+                      c.get("released", 0))
+        yield counter("acks_refused", "Acknowledgements of a released batch, refused.",
+                      c.get("acks_refused", 0))
         yield counter("notifications_ignored", "Duplicate or stale notifications refused.",
                       c.get("ignored", 0))
         yield labelled("groups_rejected", "Groups rejected, by reason.", "reason",
@@ -129,26 +136,44 @@ class LedgerCollector:
                        FAIL_REASONS, "failed")
 
 
+class ConstantLabels:
+    """The metrics of the collectors registered in *source*, each sample with *labels*
+    added (a sample's own label of the same name wins)."""
+
+    def __init__(self, source: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.source, self.labels = source, labels
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.source.collect():  # fresh objects at each collect: ours to edit
+            metric.samples = [s._replace(labels={**self.labels, **s.labels})
+                              for s in metric.samples]
+            yield metric
+
+
 class FarmMetrics:
-    """The registry, the histograms and the HTTP endpoint."""
+    """The registry, the histograms and the HTTP endpoint. ``registry`` is what
+    ``/metrics`` exports: the ledger's values and the histograms (registered in a
+    private registry of their own), each series labelled ``farm``."""
 
     def __init__(self, ledger: Ledger, config: Config) -> None:
         self.ledger, self.config = ledger, config
+        source = CollectorRegistry()
+        source.register(LedgerCollector(ledger, config))
         self.registry = CollectorRegistry()
-        self.registry.register(LedgerCollector(ledger, config))
+        self.registry.register(ConstantLabels(source, {FARM_LABEL: config.farm.name}))
         self.episode_duration = Histogram(
-            P + "episode_duration_seconds", "Attempt start to result.", registry=self.registry,
+            P + "episode_duration_seconds", "Attempt start to result.", registry=source,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf")))
         self.batch_interval = Histogram(
             P + "batch_interval_seconds", "Between successive batch deliveries.",
-            registry=self.registry,
+            registry=source,
             buckets=(1, 5, 10, 20, 30, 60, 120, 300, 600, 1200, float("inf")))
         self.staleness = Histogram(
             P + "consumed_group_staleness", "Policy versions between admission and consumption.",
-            registry=self.registry, buckets=(0, 1, 2, 3, 4, 6, 8, 16, float("inf")))
+            registry=source, buckets=(0, 1, 2, 3, 4, 6, 8, 16, float("inf")))
         self.tool_wait = Histogram(
             P + "tool_wait_seconds", "Each tool wait between turns of a recorded episode.",
-            registry=self.registry,
+            registry=source,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf")))
         # start from now: earlier observations belong to an earlier exporter's histograms
         last = ledger.client.xrevrange(ledger.keys.observations, count=1)
@@ -206,14 +231,20 @@ class FarmMetrics:
         return [b"try /metrics or /healthz\n"]
 
     def serve(self) -> int:
-        """Serve on metrics.host:port from a daemon thread; returns the port."""
+        """Serve on metrics.host:port from a daemon thread; returns the port. A port in
+        use (or an address this host does not have) is a ConfigError naming the key."""
+        from queue_rollout.errors import bind_failed
+
         m = self.config.metrics
 
         class Quiet(WSGIRequestHandler):
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = make_server(m.host, m.port, self._app, handler_class=Quiet)
+        try:
+            self._server = make_server(m.host, m.port, self._app, handler_class=Quiet)
+        except OSError as exc:
+            raise bind_failed("metrics.port", m.host, m.port, exc) from None
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name="metrics").start()
         log.info("metrics on http://%s:%d/metrics", m.host, self._server.server_port)

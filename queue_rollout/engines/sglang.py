@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import socket
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,6 +51,12 @@ class EngineError(QueueRolloutError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class BadEngineURL(EngineError):
+    """An engine URL that is not ``http(s)://host[:port]``: bad input (exit 2)."""
+
+    exit_code = 2
 
 
 class DuplicateRid(EngineError):
@@ -102,12 +109,16 @@ class Generation:
 class SGLangClient:
     def __init__(self, url: str, *, timeout: float = 30.0) -> None:
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise EngineError(f"engine URL must be http(s)://host:port, got {url!r}")
+        try:
+            port = parts.port  # ValueError: not a port number
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise BadEngineURL(f"engine URL must be http(s)://host:port, got {url!r}")
         self.url = url.rstrip("/")
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port or (443 if self._https else 80)
+        self._port = port or (443 if self._https else 80)
         self.timeout = timeout
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None,
@@ -210,6 +221,24 @@ class SGLangClient:
         except EngineError:
             return False
         return True
+
+    def health_problem(self, timeout: float = 5.0) -> str | None:
+        """``GET /health``: None when the replica serves generations, else why not, in
+        a few words (``connection refused``, ``HTTP 503 ...``, ``no answer within 2 s``),
+        for a worker that says what it waits for."""
+        try:
+            status, raw = self._request("GET", "/health", None, timeout)
+        except ConnectionRefusedError:
+            return "connection refused"
+        except TimeoutError:
+            return f"no answer within {timeout:g} s"
+        except socket.gaierror as exc:
+            return f"host {self._host!r} not found ({exc.strerror})"
+        except (OSError, http.client.HTTPException) as exc:
+            return str(exc) or type(exc).__name__
+        if status != 200:
+            return f"HTTP {status} {_message(raw)}".strip()
+        return None
 
     def alive(self, timeout: float = 2.0) -> bool:
         """``GET /model_info``: the replica's server answers, in milliseconds and

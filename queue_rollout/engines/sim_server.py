@@ -134,6 +134,10 @@ def text_tokens(text: str) -> list[int]:
     return [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data), 4)]
 
 
+class PortUnavailable(OSError):
+    """The replica's address could not be bound (in use, or not this host's)."""
+
+
 class SimEngineServer:
     """The HTTP face of one simulated replica. ``await start()``, then ``serve_forever``."""
 
@@ -162,7 +166,10 @@ class SimEngineServer:
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
         self.model.now = loop.time()
-        self._server = await asyncio.start_server(self._connection, self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._connection, self.host, self.port)
+        except OSError as exc:  # the caller names the port in one line, not a traceback
+            raise PortUnavailable(exc.errno, exc.strerror) from None
         self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = asyncio.create_task(self._tick())
         log.info("sim engine on http://%s:%d boot %s", self.host, self.port, self.boot_id)

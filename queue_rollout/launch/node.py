@@ -16,8 +16,12 @@ replica answers ``/health``, a worker pinned to it starts with that boot id
 (``--boot-id``). When a replica dies it is restarted with backoff under a new boot id,
 and its worker is restarted too, so the worker settles the old boot's attempts as
 stopped (the boot changed) and carries on. A dead worker is restarted with backoff.
-SIGTERM or Ctrl-C: the workers first (their episodes finish within
-``timeouts.shutdown_grace``), then the replicas.
+Every replica and worker runs in its own session, so a terminal's Ctrl-C reaches only
+`node`. SIGTERM or Ctrl-C: the workers first, together (their episodes finish within
+``timeouts.shutdown_grace``), then the replicas; a second Ctrl-C stops every process at
+once (what was running is redone, as after a crash). A port of ``engine.base_port +
+i`` already in use is refused before anything starts (exit 2), and a child that exits
+with 2 (bad input or config) stops the node instead of being restarted.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,8 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from queue_rollout.config import Config, EngineConfig, write_config
-from queue_rollout.errors import ConfigError
+from queue_rollout.errors import ConfigError, bind_failed
 from queue_rollout.launch.owner import Owner
+from queue_rollout.launch.targets import (
+    NODE_FILE,
+    clear_targets,
+    targets_path,
+    write_node_targets,
+)
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.shape import check_shape
 from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
@@ -155,6 +166,20 @@ def check_replicas(config: Config, gpus: list[int]) -> None:
         check_sglang_python(config.engine, replica_env(config, gpus[0]))
 
 
+def check_ports(config: Config, gpus: list[int], host: str = "127.0.0.1") -> None:
+    """ConfigError, naming ``engine.base_port``, when a replica's port is taken now (a
+    replica would fail to bind it, and be restarted again and again)."""
+    base = config.engine.base_port
+    for i, gpu in enumerate(gpus):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+            try:
+                sock.bind((host, base + i))
+            except OSError as exc:
+                key = "engine.base_port" if i == 0 else f"engine.base_port + {i} (GPU {gpu})"
+                raise bind_failed(key, host, base + i, exc) from None
+
+
 @dataclass
 class GpuSlot:
     """One GPU: its replica, the replica's current boot, and the worker pinned to it."""
@@ -186,7 +211,8 @@ class Node:
         for i, gpu in enumerate(self.gpus):
             port = self.config.engine.base_port + i
             replica = Supervised(f"replica gpu{gpu}", [], env=replica_env(self.config, gpu),
-                                 log_path=self.state_dir / f"replica-gpu{gpu}.log")
+                                 log_path=self.state_dir / f"replica-gpu{gpu}.log",
+                                 new_session=True)
             slot = GpuSlot(gpu, port, replica)
             replica.before_start = lambda _, slot=slot: self._new_boot(slot)
             self.slots.append(slot)
@@ -212,7 +238,7 @@ class Node:
             [cli_exe(), "worker", "--gpu", str(slot.gpu), "--engine-url", slot.url,
              "--boot-id", slot.boot_id, "-c", str(self.config_path)],
             env={**os.environ, "CUDA_VISIBLE_DEVICES": str(slot.gpu)},
-            log_path=self.state_dir / f"worker-gpu{slot.gpu}.log")
+            log_path=self.state_dir / f"worker-gpu{slot.gpu}.log", new_session=True)
 
     def step(self) -> None:
         """Keep every replica running; start (or keep) its worker once it is healthy."""
@@ -229,24 +255,44 @@ class Node:
             if slot.healthy and slot.worker is not None:
                 slot.worker.keep()
 
-    def stop(self) -> None:
-        stop_all((s.worker.proc for s in self.slots if s.worker and s.worker.proc),
-                 self.config.timeouts.shutdown_grace + 30)
-        stop_all((s.replica.proc for s in self.slots if s.replica.proc), 30)
+    def stop(self, now: threading.Event | None = None) -> None:
+        """The workers together (their episodes get ``timeouts.shutdown_grace``), then
+        the replicas; once *now* is set, every process still there is killed at once."""
+        workers = [s.worker.proc for s in self.slots
+                   if s.worker and s.worker.proc and s.worker.proc.poll() is None]
+        if workers and not (now and now.is_set()):
+            print(f"node: stopping: waiting up to {self.config.timeouts.shutdown_grace} s for "
+                  f"the running episodes of {len(workers)} worker"
+                  f"{'' if len(workers) == 1 else 's'} to finish; Ctrl-C again to stop now",
+                  file=sys.stderr, flush=True)
+        stop_all(workers, self.config.timeouts.shutdown_grace + 30, now=now)
+        stop_all((s.replica.proc for s in self.slots if s.replica.proc), 30, now=now)
+        if now is not None and now.is_set():
+            print("node: stopped now: what was running is redone once its leases expire, "
+                  "as after a crash", file=sys.stderr, flush=True)
 
 
 def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = None,
              poll_s: float = 0.5) -> int:
     stop = stop or threading.Event()
+    now = threading.Event()  # a second Ctrl-C: stop every process at once
+    stopping = threading.Event()
     if threading.current_thread() is threading.main_thread():
+        def on_signal(signum: int, frame: object) -> None:
+            if stop.is_set() or stopping.is_set():
+                now.set()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
     check_replicas(config, gpus)  # refuse bad config now
     state = Path(config.farm.state_dir) / "node"
     with Owner(state / "node.lock",
                f"a node of farm {config.farm.name} is already running on {state}"):
         check_shape(connect_config(config), config)  # and a config the farm does not run
+        check_ports(config, gpus)  # and ports another process holds
         node = Node(config, state / "node.toml", gpus, state)
+        write_node_targets(config, [(s.gpu, s.url) for s in node.slots])  # file_sd
         first = config.engine.base_port
         print(f"node: {len(gpus)} GPUs ({', '.join(map(str, gpus))}), {config.engine.kind} "
               f"replicas on ports {first}..{first + len(gpus) - 1}; "
@@ -256,6 +302,8 @@ def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = 
                 node.step()
                 stop.wait(poll_s)
         finally:
-            node.stop()
+            stopping.set()
+            clear_targets(targets_path(config, NODE_FILE))
+            node.stop(now)
     print("node: stopped", flush=True)
     return 0

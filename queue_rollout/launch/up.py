@@ -5,7 +5,18 @@ An embedded Redis when ``farm.redis_url`` is empty (its URL written under
 ``engine.kind = "sim"`` (else the replicas at ``engine.urls``), one worker per replica
 (restarted with backoff if it dies, so every replica keeps someone to resolve its
 doubt), and the collector with its metrics endpoint: the same processes a farm runs
-across machines, started here as children.
+across machines, started here as children, each in its own session: a terminal's
+Ctrl-C reaches only `up`, which stops them in order.
+
+Every log goes to a file under ``<state_dir>/logs`` (``up.log``, ``worker-<i>.log``,
+``replica-<i>.log``, ``collector.log``); the terminal shows the farm's line, warnings
+and what `up` waits for (with ``-v``: every log line as well). `up` says the farm is up
+only once every worker has registered under its current process and the collector
+leads; a child that exits with 2 (bad input or config, e.g. a port in use) stops the
+farm (exit 2), and a farm not working within ``READY_S`` is stopped (exit 3), naming
+what it waited for. Ctrl-C (or SIGTERM): the workers' running episodes get
+``timeouts.shutdown_grace`` to finish, then the replicas and Redis stop; a second
+Ctrl-C stops every process at once (what was running is redone, as after a crash).
 """
 
 from __future__ import annotations
@@ -14,24 +25,42 @@ import contextlib
 import logging
 import re
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
+import redis
 
 from queue_rollout.config import Config, write_config
-from queue_rollout.errors import ConfigError, QueueRolloutError
+from queue_rollout.errors import BarrierTimeout, ConfigError, QueueRolloutError
 from queue_rollout.launch.owner import Owner
+from queue_rollout.launch.targets import clear_targets, targets_path, write_up_targets
 from queue_rollout.ledger.connection import connect_config, mask_url
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
-from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, spawn, stop_all
+from queue_rollout.procs import (
+    Supervised,
+    cli_exe,
+    last_words,
+    sim_engine_argv,
+    spawn,
+    stop_all,
+)
 
 log = logging.getLogger(__name__)
+#: How long `up` waits for its farm to work before it stops it (exit 3): longer than a
+#: worker waits for its replica, so what `up` reports is the worker's own message.
+READY_S = 150.0
+#: How often `up` says what it still waits for (from the first time on).
+SAY_S = 10.0
 
 
 def start_sim_engines(config: Config, config_path: Path,
@@ -52,7 +81,8 @@ def start_sim_engines(config: Config, config_path: Path,
         # between choosing and binding it; a restart asks for the same port again
         with contextlib.ExitStack() as files:
             stderr = None if log_path is None else files.enter_context(log_path.open("ab"))
-            proc = spawn(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+            proc = spawn(argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                         start_new_session=True)
         line = proc.stdout.readline() if proc.stdout else ""
         match = re.search(r"http://[\d.]+:(\d+)", line)
         if not match:
@@ -60,7 +90,8 @@ def start_sim_engines(config: Config, config_path: Path,
             stop_all((m.proc for m in engines if m.proc), 10)
             raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
         argv[3] = match.group(1)
-        engines.append(Supervised(f"sim replica {i}", argv, proc=proc, log_path=log_path))
+        engines.append(Supervised(f"sim replica {i}", argv, proc=proc, log_path=log_path,
+                                  new_session=True))
         urls.append(f"http://127.0.0.1:{match.group(1)}")
     return engines, urls
 
@@ -85,6 +116,9 @@ class LocalFarm:
     engines: list[Supervised] = field(default_factory=list)
     workers: list[Supervised] = field(default_factory=list)
     collector: Supervised | None = None
+    clock: Callable[[], float] = time.monotonic  # wait_ready's
+    unready: list[str] = field(default_factory=list)  # what wait_ready last waited for
+    replica_urls: list[str] = field(default_factory=list)  # what start() found
 
     def start(self) -> str:
         c = self.config
@@ -99,15 +133,15 @@ class LocalFarm:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         write_config(self.config_path, self.config)
-        urls = self._replica_urls()
+        urls = self.replica_urls = self._replica_urls()
         for gpu, engine_url in enumerate(urls):
             self.workers.append(Supervised(
                 f"worker gpu{gpu}", [cli_exe(), "worker", "--gpu", str(gpu), "--engine-url",
                                      engine_url, "-c", str(self.config_path)],
-                log_path=self._log(f"worker-{gpu}")))
+                log_path=self._log(f"worker-{gpu}"), new_session=True))
         self.collector = Supervised("collector",
                                     [cli_exe(), "collector", "-c", str(self.config_path)],
-                                    log_path=self._log("collector"))
+                                    log_path=self._log("collector"), new_session=True)
         return url
 
     def _log(self, name: str) -> Path | None:
@@ -136,50 +170,238 @@ class LocalFarm:
         for m in self.children():
             m.keep()
 
-    def wait_ready(self, stop: threading.Event, timeout: float = 120.0) -> bool:
+    def not_ready(self, live: dict[str, dict[str, Any]], leader: str) -> list[str]:
+        """What keeps the farm from working now, given the live workers' records and the
+        collector that leads: each worker that is not running and registered under its
+        current process (one that exited, or was restarted, is not ready until it
+        registers again), and the collector until it runs and leads."""
+        pids = {record.get("pid") for record in live.values()}
+        waiting = [self._why(w, "not registered yet") for w in self.workers
+                   if not (_running(w) and w.proc is not None and w.proc.pid in pids)]
+        c = self.collector
+        if c is not None and not (_running(c) and c.proc is not None
+                                  and leader == f"{socket.gethostname()}-{c.proc.pid}"):
+            waiting.append(self._why(c, "not leading yet"))
+        return waiting
+
+    @staticmethod
+    def _why(child: Supervised, state: str) -> str:
+        """``worker gpu0 (not registered yet; exited 2 times, last with 3; it said: ...)``"""
+        parts = [state]
+        if child.exits:
+            parts.append(f"exited {child.exits} time{'s' if child.exits > 1 else ''}, last "
+                         f"with {child.last_exit}")
+        said = last_words(child.log_path)
+        if said:
+            parts.append(f"it said: {said}")
+        return f"{child.name} ({'; '.join(parts)})"
+
+    def wait_ready(self, stop: threading.Event, timeout: float = 120.0, *,
+                   say: Callable[[str], None] | None = None, say_every: float = SAY_S,
+                   poll_s: float = 0.2) -> bool:
         """Until every worker has registered and the collector leads (so `up` prints
-        its line when the farm works); False if that took longer than *timeout*."""
+        its line when the farm works), keeping the children running meanwhile; False if
+        *stop* was set or *timeout* passed first (``unready`` then names what was not
+        ready). With *say*, what it still waits for is said every *say_every* seconds.
+        A child that exits on bad input raises :class:`~queue_rollout.procs.ChildRefused`."""
         client = connect_config(self.config)
         keys = Keys(self.config.farm.name)
         registry = Registry(client, keys, self.config.timeouts.lease)
-        deadline = time.monotonic() + timeout
+        started = self.clock()
+        say_at = started + say_every
         try:
-            while not stop.is_set() and time.monotonic() < deadline:
-                if (len(registry.live()) >= len(self.workers)
-                        and client.hexists(keys.leader, "holder")):
+            while not stop.is_set():
+                holder = client.hget(keys.leader, "holder")
+                self.unready = self.not_ready(registry.live(),
+                                              holder.decode() if holder else "")
+                if not self.unready:
                     return True
+                now = self.clock()
+                if now - started >= timeout:
+                    break
+                if say is not None and now >= say_at:
+                    say(f"waiting {now - started:.0f} s for: " + "; ".join(self.unready))
+                    say_at = now + say_every
                 self.keep()
-                time.sleep(0.2)
+                stop.wait(poll_s)
         finally:
             client.close()
-        log.warning("the farm was not ready within %.0fs (workers or collector)", timeout)
+        if not stop.is_set() and say is None:  # (with *say*, the caller says it)
+            log.warning("the farm was not ready within %.0fs: %s", timeout,
+                        "; ".join(self.unready))
         return False
 
-    def stop(self) -> None:
-        stop_all((m.proc for m in self.workers if m.proc), self.config.timeouts.shutdown_grace + 30)
-        stop_all((m.proc for m in (self.collector,) if m and m.proc), 30)
-        stop_all((m.proc for m in self.engines if m.proc), 10)
+    def running_episodes(self) -> int | None:
+        """The farm's running episodes (the ledger's count); None when Redis does not
+        answer."""
+        try:
+            client = connect_config(self.config)
+            try:
+                raw = client.hget(Keys(self.config.farm.name).counters, "running")
+            finally:
+                client.close()
+        except (QueueRolloutError, redis.RedisError):
+            return None
+        return int(raw or 0)
+
+    def stop(self, now: threading.Event | None = None) -> None:
+        """The workers (their running episodes get ``timeouts.shutdown_grace``) and the
+        collector together, then the replicas, then Redis; once *now* is set (a second
+        Ctrl-C), every process still there is killed at once."""
+        stop_all([m.proc for m in (*self.workers, self.collector) if m and m.proc],
+                 self.config.timeouts.shutdown_grace + 30, now=now)
+        stop_all((m.proc for m in self.engines if m.proc), 10, now=now)
         if self.redis is not None:
             self.redis.stop()
 
 
+def _running(child: Supervised) -> bool:
+    return child.proc is not None and child.proc.poll() is None
+
+
 def run_up(config: Config, *, stop: threading.Event | None = None,
-           request_log_dir: Path | None = None) -> int:
+           request_log_dir: Path | None = None, verbose: bool | None = None,
+           ready_timeout: float = READY_S) -> int:
+    """``queue-rollout up`` until *stop* (SIGTERM, Ctrl-C). *verbose* (``-v``): every log
+    line on the terminal too (None: when the root logger takes DEBUG, as ``-v`` sets)."""
     stop = stop or threading.Event()
+    now = threading.Event()  # a second Ctrl-C: stop every process at once
+    stopping = threading.Event()
+    if verbose is None:
+        verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
     if threading.current_thread() is threading.main_thread():
+        def on_signal(signum: int, frame: object) -> None:
+            if stop.is_set() or stopping.is_set():
+                now.set()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
+    name = config.farm.name
     state = Path(config.farm.state_dir)
-    with Owner(state / "farm.lock", f"farm {config.farm.name} is already up"):
-        farm = LocalFarm(config, state / "up.toml", request_log_dir=request_log_dir)
+    logs = state / "logs"
+
+    def say(text: str) -> None:
+        print(f"farm {name}: {text}", file=sys.stderr, flush=True)
+
+    with (Owner(state / "farm.lock", f"farm {name} is already up"),
+          logs_to(logs / "up.log", verbose=verbose),
+          LogFollower(logs, skip={"up.log"}) if verbose else contextlib.nullcontext()):
+        farm = LocalFarm(config, state / "up.toml", log_dir=logs,
+                         request_log_dir=request_log_dir)
         try:
             url = farm.start()
-            farm.wait_ready(stop)
-            print(f"farm {config.farm.name} up: redis {mask_url(url)}, {len(farm.workers)} "
-                  f"workers, metrics http://{config.metrics.host}:{config.metrics.port}/metrics;"
-                  " Ctrl-C stops it", flush=True)
-            while not stop.wait(0.5):
-                farm.keep()
+            write_up_targets(farm.config, farm.replica_urls)  # Prometheus's file_sd
+            if farm.wait_ready(stop, ready_timeout, say=say):
+                print(f"farm {name} up: redis {mask_url(url)}, {len(farm.workers)} workers, "
+                      f"metrics http://{config.metrics.host}:{config.metrics.port}/metrics; "
+                      f"logs in {logs}; Ctrl-C stops it", flush=True)
+                while not stop.wait(0.5):
+                    farm.keep()
+            elif not stop.is_set():
+                raise BarrierTimeout(
+                    f"farm {name} was not ready within {ready_timeout:g} s, waiting for: "
+                    f"{'; '.join(farm.unready)}; the logs are in {logs}")
+            else:
+                say("stopped before it was ready, waiting for: " + "; ".join(farm.unready))
         finally:
-            farm.stop()
+            stopping.set()
+            clear_targets(targets_path(config))
+            _stop_farm(farm, now, say)
+    print(f"farm {name} stopped", flush=True)
     return 0
+
+
+def _stop_farm(farm: LocalFarm, now: threading.Event, say: Callable[[str], None]) -> None:
+    """Stop *farm*, saying what it waits for and that a second Ctrl-C stops it now."""
+    if any(_running(w) for w in farm.workers) and not now.is_set():
+        grace = farm.config.timeouts.shutdown_grace
+        running = farm.running_episodes()
+        if running == 0:
+            say("stopping: no episode is running")
+        else:
+            what = ("the running episodes" if running is None else
+                    f"{running} running episode{'' if running == 1 else 's'}")
+            say(f"stopping: waiting up to {grace} s for {what} to finish; Ctrl-C again to "
+                "stop now")
+    farm.stop(now)
+    if now.is_set():
+        say("stopped now: what was running is redone once its leases expire, as after a "
+            "crash")
+
+
+@contextlib.contextmanager
+def logs_to(path: Path, *, verbose: bool) -> Iterator[None]:
+    """While it lasts, this process's log also goes to *path* (INFO and up; DEBUG with
+    *verbose*), and the terminal's handler shows only warnings unless *verbose*."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    file = logging.FileHandler(path, encoding="utf-8")
+    file.setLevel(logging.DEBUG if verbose else logging.INFO)
+    file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    terminal = [(h, h.level) for h in root.handlers if type(h) is logging.StreamHandler]
+    level = root.level
+    if not verbose:
+        for handler, was in terminal:
+            handler.setLevel(max(was, logging.WARNING))
+    if level == logging.NOTSET or level > logging.INFO:
+        root.setLevel(logging.INFO)
+    root.addHandler(file)
+    try:
+        yield
+    finally:
+        root.removeHandler(file)
+        file.close()
+        root.setLevel(level)
+        for handler, was in terminal:
+            handler.setLevel(was)
+
+
+class LogFollower:
+    """With ``-v``: every line the children add to their logs in *folder* is copied to
+    *out* (stderr), after the log's name (``worker-0: ...``); what the files held
+    before is not."""
+
+    def __init__(self, folder: Path, *, skip: set[str] | None = None,
+                 out: Any = None, every_s: float = 0.25) -> None:
+        self.folder, self.skip, self.every_s = folder, skip or set(), every_s
+        self.out = out
+        self._offsets: dict[Path, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="log-follower")
+
+    def __enter__(self) -> LogFollower:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for path in self.folder.glob("*.log"):
+            self._offsets[path] = path.stat().st_size
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.drain()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.drain()
+
+    def drain(self) -> None:
+        out = self.out or sys.stderr
+        for path in sorted(self.folder.glob("*.log")):
+            if path.name in self.skip:
+                continue
+            offset = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            whole = data[:data.rfind(b"\n") + 1]  # whole lines only: the rest next time
+            if not whole:
+                continue
+            self._offsets[path] = offset + len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                out.write(f"{path.stem}: {line}\n")
+            out.flush()

@@ -258,6 +258,9 @@ def translate_errors(url: str) -> Iterator[None]:
         if isinstance(exc.__context__, ssl.SSLError):
             raise RedisUnavailable(f"TLS to Redis at {mask_url(url)} failed: {exc}") from None
         raise RedisUnavailable(f"Redis unreachable at {mask_url(url)}: {exc}") from None
+    except redis.exceptions.InvalidResponse as exc:
+        raise RedisUnavailable(f"what answers at {mask_url(url)} does not speak Redis's "
+                               f"protocol ({exc}): is farm.redis_url a Redis port?") from None
     except redis.ResponseError as exc:
         raise LedgerError(f"Redis answered an error: {exc}") from None
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import redis
 
-from queue_rollout.config import Config, RolloutConfig
+from queue_rollout.config import Config, HistoryConfig, RolloutConfig
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.durable import SELF_RECEIPTED, UNWAITED, DurableCalls, WaitPolicy
 from queue_rollout.ledger.group_shapes import SHAPES_KEPT
@@ -60,6 +60,11 @@ class Answer:
     def ignored(self) -> bool:
         return self.status == "ignored"
 
+    @property
+    def refused(self) -> bool:
+        """ack: the batch was released from this consumer (reason ``released``)."""
+        return self.status == "refused"
+
 
 @dataclass(frozen=True, slots=True)
 class Renewal:
@@ -74,9 +79,19 @@ class Renewal:
     tool: bool = False
 
 
+#: Released batch ids the ledger remembers (a late ack of an older one is answered
+#: ``ignored`` rather than ``refused``).
+RELEASED_KEPT = 10_000
+
+
+#: Why admission refuses a group now (``admit.lua``'s answers).
+BLOCK_REASONS = ("capacity", "staleness", "paused", "placement")
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     status: Literal["admitted", "blocked", "empty"]
+    #: blocked: one of :data:`BLOCK_REASONS`
     reason: str = ""
     group_id: str = ""
     attempt_ids: tuple[str, ...] = ()
@@ -107,10 +122,13 @@ class Ledger:
     def __init__(
         self, client: redis.Redis, farm: str, rollout: RolloutConfig,
         *, clock: Clock = time.time, wait: WaitPolicy | None = None,
+        history: HistoryConfig | None = None,
     ) -> None:
         self.client = client
         self.keys = Keys(farm)
         self.rollout = rollout
+        #: what the scripts keep of each group's story (``trace``)
+        self.history = history if history is not None else HistoryConfig()
         self.clock = clock
         self._url = client_url(client)
         waits = wait if wait is not None and wait.replicas > 0 else None
@@ -127,7 +145,8 @@ class Ledger:
         farm's recorded shape (:mod:`queue_rollout.ledger.shape`), and records it if none is."""
         check_shape(client, config)
         return cls(client, config.farm.name, config.rollout, clock=clock,
-                   wait=WaitPolicy(config.farm.redis_wait_replicas, config.timeouts.redis_wait))
+                   wait=WaitPolicy(config.farm.redis_wait_replicas, config.timeouts.redis_wait),
+                   history=config.history)
 
     def _call(self, name: str, keys: list[str], *args: object) -> list[Any]:
         full = [repr(self.clock()), *args]
@@ -146,7 +165,7 @@ class Ledger:
         when ignored or rejected, else what *name* answers there."""
         reply = self._call(name, keys, *args)
         status, detail = _s(reply[0]), _s(reply[1]) if len(reply) > 1 else ""
-        if status in ("ignored", "rejected"):
+        if status in ("ignored", "rejected", "refused"):
             return Answer(status, reason=detail)
         if status in ("recorded", "failed"):  # finish, retry
             return Answer(status, group_complete=detail == "group_complete")
@@ -177,9 +196,10 @@ class Ledger:
         reply = self._call(
             "admit",
             [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox,
-             k.replica_free, k.replica_load, k.placed],
+             k.replica_free, k.replica_load, k.placed, k.refusals, k.history, k.history_index],
             r.group_size, r.batch_size, r.capacity_slots(live_worker_slots),
-            r.max_staleness, r.mode, r.placement, *aids,
+            r.max_staleness, r.mode, r.placement, self.history.max_groups,
+            self.history.ttl_s, *aids,
         )
         status = _s(reply[0])
         if status == "admitted":
@@ -217,7 +237,8 @@ class Ledger:
         for r in attempts:
             args += [r.aid, r.seq, r.tokens, "" if r.rid == r.aid else r.rid,
                      "1" if r.tool else "0"]
-        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt], *args)
+        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt, k.history],
+                           *args)
         return [Answer(_s(status), reason=_s(reason) if _s(status) == "ignored" else "")
                 for status, reason in zip(reply[::2], reply[1::2], strict=True)]
 
@@ -240,7 +261,8 @@ class Ledger:
         return self._answer(
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
-             k.observations, k.shape_parts, k.shapes, k.replica_free, k.replica_load],
+             k.observations, k.shape_parts, k.shapes, k.replica_free, k.replica_load,
+             k.history],
             aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
             max(0, prefill_cached), self._call_id(), max(0, turns),
             ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds), shape, SHAPES_KEPT,
@@ -250,7 +272,7 @@ class Ledger:
         """A running attempt may or may not still run: it keeps its slot."""
         k = self.keys
         return self._answer(
-            "doubt", [k.counters, k.attempts, k.leases, k.doubt], aid, cause,
+            "doubt", [k.counters, k.attempts, k.leases, k.doubt, k.history], aid, cause,
         )
 
     def retry(
@@ -263,7 +285,7 @@ class Ledger:
         return self._answer(
             "retry",
             [k.counters, k.attempts, k.groups, k.outbox, k.leases, k.doubt, k.events,
-             k.replica_free, k.replica_load, k.placed],
+             k.replica_free, k.replica_load, k.placed, k.history],
             aid, new_attempt_id(), resolution, cause, self.rollout.max_attempts,
             repr(float(doubt_s)),
         )
@@ -307,35 +329,66 @@ class Ledger:
 
     # -- groups and batches ------------------------------------------------------------
 
-    def judge(self, group_id: str, *, accept: bool, reason: str = "", entry_id: str = "") -> Answer:
-        """Accept or reject a complete group; acknowledges the events entry *entry_id*."""
+    def judge(self, group_id: str, *, accept: bool, reason: str = "", entry_id: str = "",
+              detail: str = "") -> Answer:
+        """Accept or reject a complete group; acknowledges the events entry *entry_id*.
+        *detail*: why it was rejected, in words, for the group's story (``trace``)."""
         k = self.keys
         return self._answer(
             "judge",
-            [k.counters, k.groups, k.ready, k.events, k.prompts, k.attempts, k.results],
-            group_id, "accept" if accept else "reject", reason, EVENTS_GROUP, entry_id,
+            [k.counters, k.groups, k.ready, k.events, k.prompts, k.attempts, k.results,
+             k.history],
+            group_id, "accept" if accept else "reject", reason, EVENTS_GROUP, entry_id, detail,
         )
 
     def pop_batch(self, consumer: str) -> Delivery | None:
-        """Exactly B ready groups, or the consumer's unacknowledged batch again."""
+        """Exactly B ready groups, or the consumer's unacknowledged batch again. A batch
+        of groups released from another consumer (:meth:`release`) is ``redelivered``
+        too, under the version of their first delivery."""
         k = self.keys
         reply = self._call(
-            "pop_batch", [k.counters, k.state, k.groups, k.ready, k.batches, k.observations],
+            "pop_batch",
+            [k.counters, k.state, k.groups, k.ready, k.batches, k.observations, k.history],
             consumer, self.rollout.batch_size, uuid.uuid4().hex,
         )
         status = _s(reply[0])
         if status == "empty":
             return None
-        return Delivery(decode_batch(reply[1]), redelivered=status == "redelivered")
+        batch = decode_batch(reply[1])
+        return Delivery(batch, redelivered=status == "redelivered" or batch.redelivered)
 
     def ack(self, consumer: str, batch_id: str) -> Answer:
+        """The consumer trained on its batch: ``acked`` with the groups consumed;
+        ``ignored`` when it holds no such batch; ``refused`` (reason ``released``) when
+        the batch was released from it (:meth:`release`) and goes to another consumer:
+        counted in ``acks_refused``."""
         k = self.keys
         return self._answer(
             "ack",
             [k.counters, k.groups, k.batches, k.prompts, k.attempts, k.results, k.state,
-             k.observations],
+             k.observations, k.released, k.history],
             consumer, batch_id,
         )
+
+    def release(self, consumer: str, batch_id: str = "") -> BatchRecord | None:
+        """*consumer*'s unacknowledged batch goes back whole to the head of the ready
+        groups: the next :meth:`pop_batch` of any consumer delivers it again
+        (``redelivered``, under the version of its first delivery), and a late
+        :meth:`ack` of it from *consumer* is ``refused``. *batch_id*: release only
+        that batch (a consumer that acknowledged it meanwhile keeps its next one).
+        Returns the batch released, or None when *consumer* held none (or another)."""
+        k = self.keys
+        reply = self._call(
+            "release", [k.counters, k.groups, k.ready, k.batches, k.released],
+            consumer, batch_id, RELEASED_KEPT,
+        )
+        return decode_batch(reply[1]) if _s(reply[0]) == "released" else None
+
+    def held(self) -> list[BatchRecord]:
+        """Every batch delivered and not yet acknowledged, oldest first."""
+        with translate_errors(self._url):
+            raw = self.client.hvals(self.keys.batches)
+        return sorted((decode_batch(b) for b in raw), key=lambda b: b.delivered_at)
 
     # -- trainer controls --------------------------------------------------------------
 

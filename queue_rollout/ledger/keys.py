@@ -131,6 +131,25 @@ class Keys:
         return self._k("batches")
 
     @property
+    def released(self) -> str:
+        """Sorted set batch id -> when it was released from its consumer (``release``),
+        the last ``RELEASED_KEPT``: a late ack of one is refused as released."""
+        return self._k("released")
+
+    @property
+    def history(self) -> str:
+        """Hash group id -> the group's story for ``trace``: its events, one JSON object
+        a line, oldest first (:mod:`queue_rollout.ledger.history`), for the groups in
+        ``history_index``."""
+        return self._k("history")
+
+    @property
+    def history_index(self) -> str:
+        """Sorted set group id -> when it was admitted, of the groups ``history`` keeps:
+        the last ``history.max_groups`` admitted within ``history.ttl_s``."""
+        return self._k("history_index")
+
+    @property
     def workers(self) -> str:
         """Hash worker id -> worker record JSON (host, gpu, replica, boot id, slots)."""
         return self._k("workers")
@@ -167,6 +186,12 @@ class Keys:
         """Pub/Sub channel: a message whenever the pause flag or a weight request
         changes (its content is only a hint: the listener reads the state)."""
         return self._k("controls")
+
+    @property
+    def refusals(self) -> str:
+        """Hash: admission refusals of about the last minute, per reason, in 10-second
+        buckets (``admit.lua`` says how)."""
+        return self._k("refusals")
 
     @property
     def leader(self) -> str:

@@ -30,6 +30,9 @@ class GroupRecord(msgspec.Struct, frozen=True):
     delivered_at: float | None = None
     consumed_at: float | None = None
     reason: str | None = None
+    dv: int | None = None  # released: the policy version of its first delivery
+    released: int | None = None  # how many times its batch was released (``release``)
+    released_at: float | None = None
 
     @property
     def attempt_ids(self) -> list[str]:
@@ -76,8 +79,9 @@ class BatchRecord(msgspec.Struct, frozen=True):
     id: str
     consumer: str
     groups: list[str]
-    version: int
+    version: int  # the policy version it was delivered under (its groups' first delivery)
     delivered_at: float
+    redelivered: bool = False  # it holds groups released from another consumer's batch
 
 
 def decode_group(raw: bytes) -> GroupRecord:

@@ -22,7 +22,8 @@ _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)\] = ", re.MULTILINE)
 
 OPERATIONS = (
     "submit", "admit", "start", "progress", "finish", "doubt", "retry",
-    "judge", "pop_batch", "ack", "set_version", "set_paused", "lead", "move", "replicas",
+    "judge", "pop_batch", "ack", "release", "set_version", "set_paused", "lead", "move",
+    "replicas",
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import redis
 
 from queue_rollout.config import Config
 from queue_rollout.ledger.connection import primary_address, translate_errors
+from queue_rollout.ledger.core import BLOCK_REASONS
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
 
@@ -33,7 +35,12 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     pipe.llen(keys.pending)
     pipe.llen(keys.ready)
     pipe.llen(keys.shapes)
-    raw_counters, raw_state, pending, ready, shapes = pipe.execute()
+    pipe.hgetall(keys.leader)
+    pipe.hgetall(keys.batches)
+    pipe.hgetall(keys.refusals)
+    (raw_counters, raw_state, pending, ready, shapes, raw_leader, raw_batches,
+     raw_refusals) = pipe.execute()
+    clock = time.time() if now is None else now
     replicas = _online_replicas(client)
     c = {k.decode(): int(v) for k, v in raw_counters.items()}
     state = {k.decode(): v.decode() for k, v in raw_state.items()}
@@ -73,7 +80,33 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
             "moved": c.get("placements:moved", 0),
             "blocked": c.get("blocked:placement", 0),
         },
+        "collector": _collector(raw_leader, clock, config.timeouts.leader_lease),
+        "held": sorted(({"batch": b["id"], "consumer": b["consumer"], "since": b["delivered_at"],
+                         "groups": len(b["groups"])}
+                        for b in map(json.loads, raw_batches.values())),
+                       key=lambda h: (h["since"], h["consumer"])),
+        "blocked": {reason: n for reason in BLOCK_REASONS
+                    if (n := _last_minute(raw_refusals.get(reason.encode()), clock))},
     }
+
+
+def _collector(leader: dict[bytes, bytes], now: float, lease_s: float) -> dict[str, Any]:
+    """The collector that leads, and how long ago it last renewed its lease; no leader
+    when none holds an unexpired lease (a stopped collector's lease runs out)."""
+    holder = leader.get(b"holder", b"").decode()
+    expires = float(leader.get(b"expires", b"0"))
+    if not holder or now >= expires:
+        return {"leader": None, "lease_age_s": None}
+    return {"leader": holder, "lease_age_s": round(max(0.0, now - (expires - lease_s)), 1)}
+
+
+def _last_minute(raw: bytes | None, now: float) -> int:
+    """Refusals of the last six 10-second buckets (``admit.lua`` keeps them)."""
+    if raw is None:
+        return 0
+    bucket, *counts = json.loads(raw)
+    age = int(now // 10) - bucket  # buckets since the newest one kept
+    return sum(counts[max(0, age):]) if age < len(counts) else 0
 
 
 def _online_replicas(client: redis.Redis) -> int | None:
@@ -88,8 +121,9 @@ def _online_replicas(client: redis.Redis) -> int | None:
                and value.get("state") == "online")
 
 
-def format_status(s: dict[str, Any]) -> str:
+def format_status(s: dict[str, Any], now: float | None = None) -> str:
     g = s["groups"]
+    now = time.time() if now is None else now
     return "\n".join([
         f"farm {s['farm']} at {s['redis_url']}  mode={s['mode']}  version={s['version']}"
         + ("  PAUSED" if s["paused"] else ""),
@@ -101,6 +135,9 @@ def format_status(s: dict[str, Any]) -> str:
         f"{s['shapes_kept']} shapes kept for `plan --from-farm`",
         f"workers   {s['workers']['alive']} alive, {s['workers']['slots']} slots"
         + _limits_text(s["workers"]["limits"]),
+        _collector_text(s["collector"]),
+        *([_held_text(s["held"], now)] if s["held"] else []),
+        *([_blocked_text(s["blocked"])] if s["blocked"] or g["pending"] else []),
         *([_placement_text(s["placement"])] if s["placement"]["mode"] == "group" else []),
         f"redis     primary {s['redis_primary']}, {_replicas_text(s['redis_replicas'])}"
         + (f", changes wait for {s['redis_wait_replicas']}" if s["redis_wait_replicas"] else ""),
@@ -108,6 +145,28 @@ def format_status(s: dict[str, Any]) -> str:
            f"{s['redis_wait_replicas']} replicas online: no ledger change completes until "
            "enough replicas hold it"] if _short(s) else []),
     ])
+
+
+def _collector_text(c: dict[str, Any]) -> str:
+    if c["leader"] is None:
+        return ("collector NONE leads: nothing is admitted, judged or delivered until one "
+                "runs (`queue-rollout collector`, or `up`)")
+    return f"collector {c['leader']} leads (lease renewed {c['lease_age_s']:g} s ago)"
+
+
+def _held_text(held: list[dict[str, Any]], now: float) -> str:
+    groups = sum(h["groups"] for h in held)
+    each = "; ".join(f"{h['batch']} by {h['consumer']} for {max(0.0, now - h['since']):.0f} s"
+                     for h in held)
+    return (f"held      {groups} groups in {len(held)} unacknowledged batch(es): {each} "
+            "(`queue-rollout release --consumer ID` frees a gone consumer's)")
+
+
+def _blocked_text(blocked: dict[str, int]) -> str:
+    if not blocked:
+        return "blocked   no admission refused in the last minute"
+    return ("blocked   admission refused in the last minute: "
+            + ", ".join(f"{reason} {n}" for reason, n in blocked.items()))
 
 
 def _limits_text(limits: dict[str, int]) -> str:

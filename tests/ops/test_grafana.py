@@ -26,6 +26,8 @@ from queue_rollout.collector.metrics import FarmMetrics
 from queue_rollout.config import Config
 from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BarrierTimeout
+from queue_rollout.launch.targets import collector_group, up_groups, write_targets
+from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
@@ -39,7 +41,8 @@ NO_PROMTOOL = "promtool not on PATH (Debian package `prometheus`)"
 NO_PROMETHEUS = "prometheus not on PATH (Debian package `prometheus`)"
 # what the test's Prometheus substitutes for Grafana's variables (1 s scrapes)
 GRAFANA_VARS = {"$__rate_interval": "10s", "${__rate_interval}": "10s",
-                "$__interval": "1s", "${__interval}": "1s", "$__range": "1m"}
+                "$__interval": "1s", "${__interval}": "1s", "$__range": "1m",
+                "$farm": "graf"}
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "Inf", "NaN"}
 
 
@@ -131,15 +134,52 @@ def test_the_example_scrape_config_passes_promtool_check_config():
     assert out.returncode == 0, out.stdout + out.stderr
     text = (GRAFANA / "prometheus.yml").read_text()
     assert "job_name: queue-rollout-collector" in text  # QueueRolloutCollectorDown's job
-    assert '"127.0.0.1:9464"' in text and '"127.0.0.1:30000"' in text
+
+
+def file_sd_files() -> list[str]:
+    """The ``files`` of each ``file_sd_configs`` of prometheus.yml, in order."""
+    text = (GRAFANA / "prometheus.yml").read_text()
+    return [f for line in re.findall(r"^\s+- files: \[(.*)\]$", text, re.MULTILINE)
+            for f in json.loads(f"[{line}]")]
+
+
+def test_the_scrape_config_reads_the_target_files_up_and_node_write(tmp_path):
+    """Both jobs read, relative to prometheus.yml, the target folder of a farm with the
+    default state_dir started in the checkout's top folder, and the pattern takes both
+    `up`'s and `node`'s files (and not the temporary file beside them)."""
+    import fnmatch
+    import os
+
+    from queue_rollout.launch.targets import NODE_FILE, targets_path
+
+    text = (GRAFANA / "prometheus.yml").read_text()
+    assert [line for line in text.splitlines()  # static targets only as a commented example
+            if "static_configs" in line and not line.lstrip().startswith("#")] == []
+    files = file_sd_files()
+    assert len(files) == 2 and len(set(files)) == 1  # the collector's job and sglang's
+    config = msgspec.convert({}, Config)
+    folder = os.path.normpath(GRAFANA / os.path.dirname(files[0]))
+    assert folder == os.path.normpath(GRAFANA.parent / targets_path(config).parent)
+    pattern = os.path.basename(files[0])
+    for name in (targets_path(config).name, NODE_FILE):
+        assert fnmatch.fnmatch(name, pattern), name
+    assert not fnmatch.fnmatch(targets_path(config).name + ".tmp", pattern)
+    # each job keeps its own role, and the collector's own farm label stays farm
+    jobs = re.split(r"^  - job_name: ", text, flags=re.MULTILINE)[1:]
+    roles = {job.split()[0]: re.findall(r"source_labels: \[role\]\s+regex: (\w+)", job)
+             for job in jobs}
+    assert roles == {"queue-rollout-collector": ["collector"], "sglang": ["replica"]}
+    assert "honor_labels: true" in jobs[0] and "honor_labels" not in jobs[1]
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason=NO_PROMTOOL)
 def test_alert_rules_fire_on_the_series_they_are_meant_for(tmp_path):
-    """`promtool test rules` on synthetic farms: in trouble, healthy, without workers."""
-    s = 'job="queue-rollout-collector", instance="c:9464"'
+    """`promtool test rules` on synthetic farms: in trouble, healthy, without workers,
+    and a farm in trouble beside a healthy one (only the first one's alerts fire, each
+    with its farm)."""
 
-    def series(**values: str) -> list[dict[str, str]]:
+    def series(farm: str = "a", **values: str) -> list[dict[str, str]]:
+        s = f'job="queue-rollout-collector", instance="{farm}:9464", farm="{farm}"'
         out = []
         for name, v in values.items():
             if name.startswith("staleness_le_"):
@@ -156,12 +196,18 @@ def test_alert_rules_fire_on_the_series_they_are_meant_for(tmp_path):
                 "exp_samples": [{"labels": f'{{alertname="{a}"}}', "value": 1}
                                 for a in sorted(alerts)]}
 
+    def firing_in(farm: str, at: str, *alerts: str) -> dict:
+        return {"expr": 'count by (alertname, farm) (ALERTS{alertstate="firing"})',
+                "eval_time": at,
+                "exp_samples": [{"labels": f'{{alertname="{a}", farm="{farm}"}}', "value": 1}
+                                for a in sorted(alerts)]}
+
     trouble = series(doubtful_attempts="0+1x40", groups_in_flight="5x40",
                      batches_delivered_total="3x40", workers_alive="4x20 3x20",
                      staleness_le_1_0="0x40", staleness_le_2_0="0+10x40",
                      staleness_le_inf="0+10x40", up="1x30 0x10",
                      redis_wait_replicas="1x40", redis_replicas_acked="1x20 0x20")
-    healthy = series(doubtful_attempts="1x40", groups_in_flight="5x40",
+    healthy = series("b", doubtful_attempts="1x40", groups_in_flight="5x40",
                      batches_delivered_total="0+1x40", workers_alive="4x40",
                      staleness_le_1_0="0+10x40", staleness_le_2_0="0+10x40",
                      staleness_le_inf="0+10x40", up="1x40",
@@ -182,6 +228,14 @@ def test_alert_rules_fire_on_the_series_they_are_meant_for(tmp_path):
              "promql_expr_test": [firing("30m")]},
             {"interval": "1m", "input_series": no_workers, "promql_expr_test": [
                 firing("15m", "QueueRolloutNoWorkers", "QueueRolloutWorkersLost")]},
+            {"interval": "1m", "input_series": trouble + healthy, "promql_expr_test": [
+                firing_in("a", "30m", "QueueRolloutDoubtfulAttemptsRising",
+                          "QueueRolloutNoBatchDelivered", "QueueRolloutWorkersLost",
+                          "QueueRolloutStalenessNearBudget", "QueueRolloutRedisReplicasShort"),
+                # b's collector is up: a's is down all the same
+                firing_in("a", "40m", "QueueRolloutDoubtfulAttemptsRising",
+                          "QueueRolloutNoBatchDelivered", "QueueRolloutStalenessNearBudget",
+                          "QueueRolloutCollectorDown", "QueueRolloutRedisReplicasShort")]},
         ],
     }
     path = tmp_path / "alerts_test.yml"
@@ -250,6 +304,47 @@ def test_every_panel_queries_metrics_the_farm_exports(r):
     assert needed <= used, f"no panel for {sorted(needed - used)}"
 
 
+def unfiltered_selectors(expr: str, matcher: str) -> list[str]:
+    """The selectors of *expr*'s metrics that lack the label matcher *matcher*."""
+    out = []
+    for name in metric_names(expr):
+        for m in re.finditer(r"(?<![\w:])" + re.escape(name) + r"(?![\w:])(\{[^}]*\})?", expr):
+            if matcher not in (m.group(1) or ""):
+                out.append(m.group(0))
+    return out
+
+
+def test_unfiltered_selectors_are_found():
+    expr = 'max(a{farm="$farm"}) / max(rate(b{x="y"}[1m])) + c + a'
+    assert sorted(unfiltered_selectors(expr, 'farm="$farm"')) == ["a", 'b{x="y"}', "c"]
+
+
+def test_the_dashboard_shows_one_farm_every_query_filters_on():
+    """A `farm` variable fed from the exporter's farm label; every metric selector of
+    every panel (SGLang's too: the target files label replicas) filters on it."""
+    [farm] = [v for v in dashboard()["templating"]["list"] if v["name"] == "farm"]
+    assert farm["type"] == "query" and farm["datasource"]["uid"] == "${DS_PROMETHEUS}"
+    assert farm["query"] == "label_values(queue_rollout_workers_alive, farm)"
+    assert not farm["multi"] and not farm["includeAll"]  # max() over one farm's collectors
+    exprs = dashboard_exprs()
+    assert len(exprs) > 20
+    unfiltered = [(title, sel) for title, expr in exprs
+                  for sel in unfiltered_selectors(expr, 'farm="$farm"')]
+    assert unfiltered == []
+
+
+def test_alerts_aggregate_by_farm():
+    """Every aggregation of every alert keeps the farm label: one farm's trouble fires
+    its own alert, named in the summary."""
+    for rule in alert_rules():
+        aggregations = re.findall(r"\b(?:max|min|sum|avg|count)\b\s*(by\s*\([^)]*\))?\s*\(",
+                                  rule["expr"])
+        assert aggregations, rule["alert"]
+        assert all("farm" in by for by in aggregations), rule
+        assert "absent(" not in rule["expr"], rule  # it would drop the farm label
+        assert "{{ $labels.farm }}" in rule["summary"], rule
+
+
 # -- c: every panel returns data from a real Prometheus -------------------------------
 
 
@@ -292,6 +387,10 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
     prometheus: subprocess.Popen | None = None
     prom_log = tmp_path / "prometheus.log"
     engines: list[ThreadedSimEngine] = []
+    # a second farm on the same Redis and Prometheus: its exporter alone
+    other_config = msgspec.convert({"farm": {"name": "other", "redis_url": redis_url},
+                                    "metrics": {"port": free_port()}}, Config)
+    other = FarmMetrics(Ledger.from_config(connect(redis_url), other_config), other_config)
 
     def spawn(*args: str) -> None:
         proc = subprocess.Popen([EXE, *args, "-c", str(toml)], stdout=subprocess.PIPE,
@@ -309,15 +408,20 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
                         "member_lengths": [50 + 10 * (i % 10), 300]} for i in range(1500)])
         trainer.start()
 
-        replicas = [e.url.removeprefix("http://") for e in engines]
-        (tmp_path / "prometheus.yml").write_text(json.dumps({  # JSON is YAML
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(GRAFANA / "alerts.yml")],
-            "scrape_configs": [
-                {"job_name": "queue-rollout-collector",
-                 "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]},
-                {"job_name": "sglang", "static_configs": [{"targets": replicas}]},
-            ]}))
+        # the target files `up` would write for these farms, read by the shipped
+        # prometheus.yml (its file_sd path pointed at them, 1 s scrapes)
+        folder = tmp_path / "state" / "prometheus"
+        write_targets(folder / "targets.json", up_groups(client.config, [e.url for e in engines]))
+        other.serve()
+        write_targets(folder / "other.json", [collector_group(other_config)])
+        shipped = (GRAFANA / "prometheus.yml").read_text()
+        for old, new in (("scrape_interval: 15s", "scrape_interval: 1s"),
+                         ("evaluation_interval: 15s", "evaluation_interval: 1s"),
+                         ("- alerts.yml", f"- {GRAFANA / 'alerts.yml'}"),
+                         ("../.queue-rollout/prometheus/*.json", f"{folder}/*.json")):
+            assert old in shipped, old
+            shipped = shipped.replace(old, new)
+        (tmp_path / "prometheus.yml").write_text(shipped)
         with prom_log.open("w") as log:
             prometheus = subprocess.Popen(
                 [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -344,7 +448,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
             active = get_json(api + "/targets")["activeTargets"]
             down = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in active
                     if t["health"] != "up"]
-            return None if len(active) == 3 and not down else f"{len(active)} targets, {down}"
+            return None if len(active) == 4 and not down else f"{len(active)} targets, {down}"
 
         wait("scrape targets up", targets_up, timeout=20)
 
@@ -367,15 +471,30 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
             return max(float(s["value"][1]) for s in results[substitute(expr)])
 
         # the farm was busy while Prometheus watched it: not just zeros
-        assert value("max(queue_rollout_sample_slots)") == 8
-        assert value("max(queue_rollout_workers_alive)") == 2
-        rate = "max(rate(queue_rollout_groups_admitted_total[$__rate_interval])) * 60"
+        assert value('max(queue_rollout_sample_slots{farm="$farm"})') == 8
+        assert value('max(queue_rollout_workers_alive{farm="$farm"})') == 2
+        rate = ('max(rate(queue_rollout_groups_admitted_total{farm="$farm"}[$__rate_interval]))'
+                " * 60")
         assert value(rate) > 0
-        placed = "max by (how) (rate(queue_rollout_placements_total[$__rate_interval])) * 60"
+        placed = ('max by (how) (rate(queue_rollout_placements_total{farm="$farm"}'
+                  "[$__rate_interval])) * 60")
         assert value(placed) > 0  # the farm places groups: the panel shows them
-        assert len(results["sum by (instance) (sglang:num_running_reqs)"]) == 2
-        per_worker = results["max by (worker) (queue_rollout_worker_slots)"]
+        assert len(results['sum by (instance) (sglang:num_running_reqs{farm="graf"})']) == 2
+        per_worker = results['max by (worker) (queue_rollout_worker_slots{farm="graf"})']
         assert sorted(float(s["value"][1]) for s in per_worker) == [4.0, 4.0]
+
+        def query(expr: str) -> list:
+            return get_json(f"{api}/query?{urllib.parse.urlencode({'query': expr})}")["result"]
+
+        # the two farms stay apart, each collector's own farm label kept as farm
+        alive = {s["metric"]["farm"]: float(s["value"][1])
+                 for s in query("max by (farm) (queue_rollout_workers_alive)")}
+        assert alive == {"graf": 2.0, "other": 0.0}
+        assert query('{__name__=~"queue_rollout_.*", farm=""}') == []
+        assert query('{exported_farm!=""}') == []
+        gpus = {(s["metric"]["farm"], s["metric"]["gpu"])
+                for s in query("sglang:num_running_reqs")}
+        assert gpus == {("graf", "0"), ("graf", "1")}  # the target file's labels
 
         def rules_evaluated():
             rules = [r for g in get_json(api + "/rules")["groups"] for r in g["rules"]]
@@ -407,3 +526,4 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
                 proc.wait(5)
         for engine in engines:
             engine.close()
+        other.close()

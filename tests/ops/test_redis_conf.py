@@ -278,7 +278,8 @@ def test_the_ledger_survives_a_redis_crash_and_aof_replay_under_these_acls(tmp_p
         collector = Collector(Ledger.from_config(connect(server.url("collector")), config),
                               config, name="crash-collector")
         worker = Ledger.from_config(connect(server.url("worker")), config)
-        trainer.submit([{"id": f"g{i}", "prompt": "x"} for i in range(3)])
+        trainer.submit([{"id": f"g{i}", "prompt": "x", "member_lengths": [3, 3]}
+                        for i in range(3)])
         collector.step()  # admits all three, hands their attempts to RQ
         group = collector.ledger.group("g0")
         for member, aid in enumerate(group.attempt_ids):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from queue_rollout.ledger.embedded import free_port
-from queue_rollout.procs import HEALTHY_S, Supervised, cli_exe, log_tail
+from queue_rollout.procs import HEALTHY_S, ChildRefused, Supervised, cli_exe, log_tail, stop_all
 from queue_rollout.virtual.clock import ManualClock
 from testkit import free_ports, process_tree, wait_for
 
@@ -180,3 +181,58 @@ def test_a_child_that_exits_is_reported_with_the_end_of_its_log(tmp_path, caplog
     assert child.proc is not None and child.proc.wait(30) == 1
     child.keep()
     assert f"failing child exited (1); restarting; the end of {log}:\nno sglang" in caplog.text
+
+
+def test_a_child_that_exits_on_bad_input_is_not_restarted_and_says_why(tmp_path):
+    """Exit 2 (bad input or config, e.g. a port in use) would only be refused again: the
+    supervisor raises what the child said instead of restarting it forever."""
+    log = tmp_path / "collector.log"
+    said = "queue-rollout: metrics.port 9464 is in use: [Errno 98] Address already in use"
+    child = Supervised("collector", [sys.executable, "-c",
+                                     f"import sys; print({said!r}, file=sys.stderr); "
+                                     "sys.exit(2)"], log_path=log)
+    child.keep()
+    assert child.proc is not None and child.proc.wait(30) == 2
+    with pytest.raises(ChildRefused) as refused:
+        child.keep()
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        "collector exited with 2 (bad input or config), not restarted: metrics.port 9464 "
+        f"is in use: [Errno 98] Address already in use (its log: {log})")
+    child.keep()
+    assert child.proc is None and (child.exits, child.last_exit) == (1, 2)  # not started
+
+
+_IGNORES_SIGTERM = ("import signal, subprocess, sys, time; "
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)']); "
+                    "time.sleep(120)")
+
+
+def test_a_set_event_kills_every_process_at_once_with_its_own_children(tmp_path):
+    """A second Ctrl-C: stop_all stops waiting for processes that take their time (here:
+    they ignore SIGTERM) and kills them, each with its process group (a child started in
+    its own session takes its episode processes with it)."""
+    children = [Supervised(f"stubborn {i}", [sys.executable, "-c", _IGNORES_SIGTERM],
+                           new_session=True) for i in range(2)]
+    grandchildren = []
+    for child in children:
+        child.keep()
+        assert child.proc is not None
+        grandchildren.append(wait_for(lambda c=child: _grandchild(c.proc), 30,
+                                      "the grandchild"))
+        assert os.getpgid(child.proc.pid) == child.proc.pid  # a session of its own
+    now = threading.Event()
+    threading.Timer(0.5, now.set).start()
+    started = time.monotonic()
+    stop_all([c.proc for c in children if c.proc], 600, now=now)
+    assert time.monotonic() - started < 300  # not the 600 s it would have waited
+    assert all(c.proc is not None and c.proc.returncode == -9 for c in children)
+    wait_for(lambda: all(_gone(pid) for pid in grandchildren), 30, "the grandchildren gone")
+
+
+def _grandchild(proc: subprocess.Popen | None) -> int | None:
+    """The one process *proc* started, once it has."""
+    kids = [] if proc is None else [pid for pid in process_tree(proc.pid) if pid != proc.pid]
+    return kids[0] if kids else None

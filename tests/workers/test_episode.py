@@ -162,6 +162,25 @@ def test_shutdown_aborts_after_the_grace_and_hands_back(r, slow):
     assert ledger.counters()["retries:worker_lost"] == 1
 
 
+def test_the_end_of_the_grace_aborts_a_generation_without_waiting_for_a_renewal(r, slow):
+    """With a long lease the next renewal is lease / 3 = 100 s away: the generation is
+    aborted when the grace ends, not then (a Ctrl-C took 15 s with a 5 s grace)."""
+    config = make_config(timeouts={"shutdown_grace": 1, "lease": 300})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x",
+                                       "member_lengths": [100_000, 1]}])  # 1,000 s
+    runner = runner_for(ledger, config, slow.url)
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("v", runner.run(adm.attempt_ids[0])),
+                              daemon=True)
+    thread.start()
+    wait_for(lambda: running(SGLangClient(slow.url)) == 1, 30, "the generation to run")
+    runner.request_stop()
+    thread.join(60)  # far less than the 100 s until a renewal
+    assert out.get("v") == "retried"
+    assert [e["finish"] for e in slow.server.model.log].count("abort") == 1
+    assert ledger.counters()["retries:worker_lost"] == 1
+
+
 def test_a_superseded_attempt_is_aborted_and_reports_nothing(r, slow, clock):
     config = make_config(timeouts={"lease": 1})
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [5000, 1]}])

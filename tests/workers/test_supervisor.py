@@ -6,6 +6,9 @@ processes in tests/workers/test_worker.py, `pytest -m e2e`.)"""
 from __future__ import annotations
 
 import json
+import logging
+import signal
+import subprocess
 import time
 
 import msgspec
@@ -14,8 +17,12 @@ import pytest
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import PAUSE_MODES, SGLangClient
 from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.errors import BarrierTimeout
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.registry import Ack, Registry
+from queue_rollout.procs import cli_exe
+from queue_rollout.virtual.clock import ManualClock
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
 from testkit import Generating, greedy, metric_sum, running, wait_for
@@ -130,3 +137,73 @@ def test_a_worker_on_its_way_out_resumes_the_replica_it_paused(r, redis_url):
         assert engine.server.model.paused == "in_place"
         sup._shutdown(registry)
         assert engine.server.model.paused is None
+
+
+# -- waiting for the replica -----------------------------------------------------------
+
+def waiting_supervisor(stop_at: float | None = None) -> tuple[Supervisor, ManualClock]:
+    """A supervisor whose replica URL has nothing listening, on a manual clock that its
+    sleeps advance; *stop_at*: a SIGTERM arrives when the clock reaches it."""
+    config = msgspec.convert({"farm": {"name": "wait"}}, Config)
+    clock = ManualClock(start=0.0)
+    sup: Supervisor
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+        if stop_at is not None and clock.now >= stop_at:
+            sup._on_signal(signal.SIGTERM, None)
+
+    sup = Supervisor(config, gpu=0, engine_url=f"http://127.0.0.1:{free_port()}",
+                     clock=clock, sleep=sleep)
+    return sup, clock
+
+
+def test_a_worker_says_what_it_waits_for_and_gives_up_after_the_wait_with_a_timeout(caplog):
+    caplog.set_level(logging.INFO, logger="queue_rollout.workers.supervisor")
+    sup, clock = waiting_supervisor()
+    with pytest.raises(BarrierTimeout) as raised:
+        sup.wait_for_replica(timeout=120, say_every=5)
+    assert raised.value.exit_code == 3  # the CLI's exit status for a timeout
+    message = str(raised.value)
+    assert sup.engine_url in message and "connection refused" in message
+    assert "120 s" in message and clock.now >= 120
+    said = [r.getMessage() for r in caplog.records if "waiting for its replica" in r.getMessage()]
+    # at once, then every 5 s: the URL and the last answer each time
+    assert len(said) == 120 // 5
+    assert all(sup.engine_url in line and "connection refused" in line for line in said)
+    assert said[0].endswith("(0 s of 120 s)") and said[-1].endswith("(115 s of 120 s)")
+
+
+def test_a_stop_during_the_wait_ends_it_at_once_without_a_timeout():
+    sup, clock = waiting_supervisor(stop_at=40.0)
+    assert sup.wait_for_replica(timeout=120) is False
+    assert 40 <= clock.now < 41  # the next slice of the sleep: not the rest of the wait
+    assert sup.waiting_for == f"{sup.engine_url}: connection refused"
+
+
+@pytest.mark.e2e
+def test_a_worker_process_stopped_while_it_waits_says_so_and_exits_0(redis_url, tmp_path):
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nname = "wait"\nredis_url = "{redis_url}"\n')
+    url = f"http://127.0.0.1:{free_port()}"
+    worker = subprocess.Popen([cli_exe(), "worker", "--gpu", "0", "--engine-url", url,
+                               "-c", str(toml)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert worker.stderr is not None
+    line = worker.stderr.readline()  # said at once, not after 120 s
+    assert f"waiting for its replica {url}: connection refused (0 s of 120 s)" in line, line
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert "stopped before its replica was ready" in out, out
+    assert f"for {url}: connection refused)" in out, out
+    assert "Traceback" not in err and "within 120" not in err + out
+
+
+@pytest.mark.parametrize("url", ["localhost:30000", "http://", "http://host:port"])
+def test_a_malformed_engine_url_is_bad_input_exit_2(url, tmp_path):
+    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url", url],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"queue-rollout: --engine-url: engine URL must be "
+                           f"http(s)://host:port, got {url!r}\n")

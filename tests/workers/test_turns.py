@@ -79,8 +79,8 @@ def test_32_groups_of_4_three_turn_episodes_each_delivered_once_with_their_turns
             assert member["reward"] == (0.0 if harness else None)
             assert member["finish_reason"] == ("harness_error" if harness else "length")
     assert status["tool_waits"] == 0 and status["active_episodes"] == 0
-    assert "queue_rollout_turns_total 384.0" in metrics
-    assert "queue_rollout_tool_wait_seconds_count 384.0" in metrics
+    assert 'queue_rollout_turns_total{farm="turns"} 384.0' in metrics
+    assert 'queue_rollout_tool_wait_seconds_count{farm="turns"} 384.0' in metrics
     # the replicas' own logs: one request per turn, each carrying the whole context so
     # far, the previous turns' context found in the prefix cache
     requests = {}

@@ -343,3 +343,31 @@ def test_a_killed_worker_leaves_the_live_set_within_three_leases(r, engine, farm
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.e2e
+def test_a_worker_says_what_it_waits_for_on_sigterm_and_a_second_one_stops_it_now(
+        r, engine, farm_toml):
+    farm_toml.write_text(farm_toml.read_text().replace("shutdown_grace = 2",
+                                                       "shutdown_grace = 120"))
+    ledger = Ledger.from_config(r, load_config(farm_toml))
+    proc = start_worker(farm_toml, engine.url)
+    try:
+        assert "2 episode slots" in proc.stdout.readline()
+        dispatch(r, ledger, 1, [500_000, 500_000])  # 250 s each
+        wait_for(lambda: ledger.counters().get("running", 0) == 2, what="2 running")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().endswith(
+            ": stopping: its running episodes have up to 120 s to finish (then they are "
+            "aborted and handed back); Ctrl-C again (or a second SIGTERM) to stop now\n")
+        proc.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        assert time.monotonic() - stopped_at < 60  # not the 120 s of grace
+        assert "episode processes stopped now; what they ran is redone once its leases " \
+            "expire" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert r.hlen(ledger.keys.workers) == 0  # deregistered all the same

@@ -130,3 +130,13 @@ local function purge_group(k, g)
     redis.call('HDEL', k.results, episode_field(g.id, m))
   end
 end
+
+-- A group's story for `trace` (history.max_groups, history.ttl_s): admit.lua gives each
+-- group admitted an entry in the history hash, its first event; every later event is a
+-- JSON object appended on a line of its own. A group without an entry (the history is
+-- off, or its entry left: the oldest beyond the cap, or older than the age) keeps none,
+-- so an event never brings an entry back.
+local function history_add(key, gid, event)
+  local story = redis.call('HGET', key, gid)
+  if story then redis.call('HSET', key, gid, story .. '\n' .. cjson.encode(event)) end
+end

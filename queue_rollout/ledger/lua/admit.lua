@@ -15,6 +15,10 @@
 -- KEYS[7] = replica free slots sorted set (worker id -> slots - load)
 -- KEYS[8] = replica load hash (worker id -> attempts placed on it or run by it)
 -- KEYS[9] = placed sorted set (queued attempt id -> placed at)
+-- KEYS[10] = recent refusals hash (reason -> JSON [10-second bucket, its count and the
+--            5 before it's, oldest first]: the refusals of about the last minute)
+-- KEYS[11] = history hash (group id -> its story: events, one JSON object a line)
+-- KEYS[12] = history index sorted set (group id -> admitted at)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = group size G
 -- ARGV[3] = batch size B
@@ -22,7 +26,9 @@
 -- ARGV[5] = max_staleness
 -- ARGV[6] = mode: "group" or "sample"
 -- ARGV[7] = placement: "any" (any worker takes any attempt) or "group"
--- ARGV[8 .. 7+G] = the G new attempt ids, one per member
+-- ARGV[8] = history: the groups whose story is kept (0: none)
+-- ARGV[9] = history: seconds a group's story is kept after its admission
+-- ARGV[10 .. 9+G] = the G new attempt ids, one per member
 -- Returns {'admitted', gid, aid0, ..., aidG-1[, worker0, ..., workerG-1 when placed]}
 --       | {'blocked', 'paused'|'staleness'|'capacity'|'placement'} | {'empty', ''}
 
@@ -31,11 +37,27 @@ local now = tonumber(ARGV[1])
 local G, B = tonumber(ARGV[2]), tonumber(ARGV[3])
 local capacity, max_staleness = tonumber(ARGV[4]), tonumber(ARGV[5])
 local mode, placement = ARGV[6], ARGV[7]
-local first_aid = 8
+local history_kept, history_s = tonumber(ARGV[8]), tonumber(ARGV[9])
+local first_aid = 10
+local HISTORY_DROPS = 8
+
+local function refuse(reason)
+  bump(counters, 'blocked:' .. reason, 1)
+  local bucket = math.floor(now / 10)
+  local raw = redis.call('HGET', KEYS[10], reason)
+  local counts = {0, 0, 0, 0, 0, 0}
+  if raw then
+    local old = cjson.decode(raw)
+    local shift = math.max(0, bucket - old[1])  -- 0 also when the clock stepped back
+    for i = 1, 6 - shift do counts[i] = old[i + 1 + shift] end
+  end
+  counts[6] = counts[6] + 1
+  redis.call('HSET', KEYS[10], reason, cjson.encode({bucket, unpack(counts)}))
+  return {'blocked', reason}
+end
 
 if redis.call('HGET', state, 'paused') == '1' then
-  bump(counters, 'blocked:paused', 1)
-  return {'blocked', 'paused'}
+  return refuse('paused')
 end
 if redis.call('LLEN', KEYS[3]) == 0 then
   return {'empty', ''}
@@ -46,12 +68,10 @@ local in_flight = counter(counters, 'in_flight')
 -- accepted counts from the baseline set_version keeps (set_version.lua says why)
 if counter(counters, 'accepted') - baseline + in_flight + 1
     > (max_staleness + version + 1) * B then
-  bump(counters, 'blocked:staleness', 1)
-  return {'blocked', 'staleness'}
+  return refuse('staleness')
 end
 if counter(counters, 'reserved') + G > capacity then
-  bump(counters, 'blocked:capacity', 1)
-  return {'blocked', 'capacity'}
+  return refuse('capacity')
 end
 -- where each member goes: targets[m + 1] = worker id
 local targets = {}
@@ -65,8 +85,7 @@ if placement == 'group' then
     end
   end
   if #targets < G then
-    bump(counters, 'blocked:placement', 1)
-    return {'blocked', 'placement'}
+    return refuse('placement')
   end
 end
 
@@ -112,6 +131,30 @@ redis.call('RPUSH', KEYS[6], unpack(aids))
 bump(counters, 'reserved', G)
 bump(counters, 'in_flight', 1)
 bump(counters, 'admitted', 1)
+if history_kept > 0 then
+  -- the group's story begins; the oldest stories leave: those admitted history_s ago
+  -- or more, then those beyond the cap, at most HISTORY_DROPS of each per admission
+  -- (so a lowered cap is reached within a few admissions)
+  local history, index = KEYS[11], KEYS[12]
+  redis.call('HSET', history, gid,
+             cjson.encode({e = 'admitted', t = now, v = version, G = G, mode = mode}))
+  redis.call('ZADD', index, now, gid)
+  local drop = redis.call('ZRANGEBYSCORE', index, '-inf', now - history_s,
+                          'LIMIT', 0, HISTORY_DROPS)
+  local over = math.min(redis.call('ZCARD', index) - #drop - history_kept, HISTORY_DROPS)
+  if over > 0 then
+    for _, old in ipairs(redis.call('ZRANGE', index, #drop, #drop + over - 1)) do
+      drop[#drop + 1] = old
+    end
+  end
+  if #drop > 0 then
+    redis.call('ZREM', index, unpack(drop))
+    redis.call('HDEL', history, unpack(drop))
+  end
+  -- both go with the last admission's stories when the farm admits no more
+  redis.call('EXPIRE', history, history_s)
+  redis.call('EXPIRE', index, history_s)
+end
 if placement == 'group' then
   for m = 1, G do aids[G + m] = targets[m] end
 end

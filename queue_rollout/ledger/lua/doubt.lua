@@ -7,6 +7,7 @@
 -- KEYS[2] = attempts hash
 -- KEYS[3] = leases sorted set
 -- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
+-- KEYS[5] = history hash (group id -> its story, for `trace`)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = cause (lease_expired, worker_lost, generate_error, ...)
@@ -26,4 +27,5 @@ put_json(KEYS[2], aid, a)
 redis.call('ZADD', KEYS[4], now, aid)
 bump(counters, 'doubtful', 1)
 bump(counters, 'doubts:' .. ARGV[3], 1)
+history_add(KEYS[5], a.g, {e = 'doubt', t = now, a = aid, m = a.m, n = a.n, c = ARGV[3]})
 return {'doubtful', ''}

@@ -16,6 +16,7 @@
 -- KEYS[10] = shapes list (completed groups' shapes, newest first, capped)
 -- KEYS[11] = replica free slots sorted set (placement)
 -- KEYS[12] = replica load hash (placement)
+-- KEYS[13] = history hash (group id -> its story, for `trace`)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = member index the worker ran
@@ -54,6 +55,10 @@ if a.state ~= 'running' and a.state ~= 'doubtful' then
   return ignored(counters, ended_reason(a))
 end
 local g = get_json(KEYS[3], a.g)
+-- the group's story: the attempt, from its start (a late result ends a doubt)
+history_add(KEYS[13], a.g, {e = 'finished', t = now, a = aid, m = a.m, n = a.n, s = outcome,
+  w = a.worker, r = a.replica, st = a.started_at, v = a.v,
+  why = outcome == 'failed' and ARGV[7] or nil, late = a.state == 'doubtful' or nil})
 
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 if a.pl then replica_load({free = KEYS[11], load = KEYS[12]}, a.worker, -1) end

@@ -10,12 +10,14 @@
 -- KEYS[5] = prompts hash
 -- KEYS[6] = attempts hash
 -- KEYS[7] = results hash
+-- KEYS[8] = history hash (group id -> its story, for `trace`)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = group id
 -- ARGV[3] = verdict: "accept" or "reject"
 -- ARGV[4] = rejection reason (zero_variance, failed_members, plugin); "" to accept
 -- ARGV[5] = events consumer group name
 -- ARGV[6] = events entry id to acknowledge and delete, or ""
+-- ARGV[7] = why it was rejected, in words (kept in the group's story only), or ""
 -- Returns {'accepted', ''} | {'rejected', reason} | {'ignored', reason}
 
 local counters = KEYS[1]
@@ -33,6 +35,9 @@ if g.state ~= 'complete' then return ignored(counters, 'group is ' .. g.state) e
 
 g.judged_at = now
 bump(counters, 'in_flight', -1)
+history_add(KEYS[8], gid, {e = 'judged', t = now, ok = verdict == 'accept',
+  reason = verdict == 'reject' and ARGV[4] or nil,
+  why = verdict == 'reject' and ARGV[7] ~= '' and ARGV[7] or nil})
 if verdict == 'accept' then
   g.state = 'accepted'
   put_json(KEYS[2], gid, g)

@@ -1,5 +1,8 @@
 -- pop_batch.lua: hand a consumer exactly B ready groups as one batch. A consumer that
--- has an unacknowledged batch gets that same batch again (a restarted trainer).
+-- has an unacknowledged batch gets that same batch again (a restarted trainer). Groups
+-- released from another consumer's batch (release.lua) sit at the head of the ready
+-- list: the batch that takes them is marked redelivered and keeps the policy version
+-- of their first delivery.
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = state hash (version)
@@ -7,6 +10,7 @@
 -- KEYS[4] = ready list of group ids
 -- KEYS[5] = batches hash (consumer -> unacknowledged batch JSON)
 -- KEYS[6] = observations stream (metrics)
+-- KEYS[7] = history hash (group id -> its story, for `trace`)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = consumer id
 -- ARGV[3] = batch size B
@@ -19,15 +23,23 @@ if held then return {'redelivered', held} end
 if redis.call('LLEN', KEYS[4]) < B then return {'empty', ''} end
 
 local gids = redis.call('LPOP', KEYS[4], B)
+local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+local first = nil  -- released groups: the version of their first delivery
 for _, gid in ipairs(gids) do
   local g = get_json(KEYS[3], gid)
   g.state = 'delivered'
   g.delivered_at = now
   put_json(KEYS[3], gid, g)
+  if g.dv ~= nil and (first == nil or g.dv < first) then first = g.dv end
 end
-local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
-local batch = cjson.encode({id = ARGV[4], consumer = consumer, groups = gids,
-  version = version, delivered_at = now})
+local fields = {id = ARGV[4], consumer = consumer, groups = gids,
+  version = first or version, delivered_at = now}
+if first ~= nil then fields.redelivered = true end
+local batch = cjson.encode(fields)
+for _, gid in ipairs(gids) do
+  history_add(KEYS[7], gid, {e = 'delivered', t = now, b = ARGV[4], c = consumer,
+    v = fields.version, re = fields.redelivered})
+end
 redis.call('HSET', KEYS[5], consumer, batch)
 bump(KEYS[1], 'batches', 1)
 local last = redis.call('HGET', KEYS[2], 'last_batch_at')

@@ -8,6 +8,7 @@
 -- KEYS[2] = attempts hash
 -- KEYS[3] = leases sorted set
 -- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
+-- KEYS[5] = history hash (group id -> its story, for `trace`: a doubt resolved here)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = worker id
 -- ARGV[3] = lease length (seconds)
@@ -38,6 +39,7 @@ local function renew(aid, seq, tokens, rid, tool)
     a.cause = nil
     bump(counters, 'running', 1)
     status = 'revived'
+    history_add(KEYS[5], a.g, {e = 'revived', t = now, a = aid, m = a.m, n = a.n})
   end
   a.seq = seq
   a.tokens = tokens

@@ -16,6 +16,7 @@
 -- KEYS[8] = replica free slots sorted set (placement)
 -- KEYS[9] = replica load hash (placement)
 -- KEYS[10] = placed sorted set (placement)
+-- KEYS[11] = history hash (group id -> its story, for `trace`)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = new attempt id
@@ -45,6 +46,10 @@ if redis.call('HEXISTS', KEYS[2], new_aid) == 1 then
   return redis.error_reply('retry: attempt id ' .. new_aid .. ' already exists')
 end
 
+-- the group's story: the attempt, from its start, and how it ended (next: the new
+-- attempt, none when the episode fails)
+local story = {e = 'retried', t = now, a = aid, m = a.m, n = a.n, res = resolution,
+  c = ARGV[5], w = a.worker, r = a.replica, st = a.started_at, v = a.v, ds = a.doubt_at}
 leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 local r = {free = KEYS[8], load = KEYS[9], placed = KEYS[10]}
 if a.pl then replica_load(r, a.worker, -1) end
@@ -58,6 +63,8 @@ a.ended_at = now
 a.cause = ARGV[5]
 put_json(KEYS[2], aid, a)
 local g = get_json(KEYS[3], a.g)
+if not give_up then story.next = new_aid end
+history_add(KEYS[11], a.g, story)
 if give_up then
   local k = {counters = counters, groups = KEYS[3], events = KEYS[7]}
   bump(counters, 'failed:max_attempts', 1)

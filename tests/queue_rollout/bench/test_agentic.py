@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from queue_rollout.bench.agentic import AgenticParams, agentic_manifest
-from queue_rollout.client.prompts import check_member_turns
+from queue_rollout.workers.workflows import check_member_turns
 
 P = AgenticParams()
 

@@ -72,6 +72,39 @@ def test_status_json_has_the_design_shape(tmp_path, redis_url, make_ledger, caps
             in capsys.readouterr().out)
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_c_is_taken_before_the_command_as_after_it(tmp_path, redis_url, capsys, where):
+    missing = tmp_path / "missing.toml"
+    argv = ["status", "--json"]
+    assert main(["-c", str(missing), *argv] if where == "before"
+                else [*argv, "-c", str(missing)]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "mine"\nredis_url = "{redis_url}"\n')
+    assert main(["-c", str(path), *argv] if where == "before"
+                else [*argv, "-c", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["farm"] == "mine"
+
+
+def test_a_reader_that_leaves_early_is_no_error(tmp_path, redis_url):
+    from queue_rollout.procs import cli_exe
+
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "piped"\nredis_url = "{redis_url}"\n')
+    proc = subprocess.Popen([cli_exe(), "status", "-c", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `| head -1` gone before the first line is written
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 0 and err == "", err
+
+
+def test_two_different_configs_exit_2(tmp_path, capsys):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    assert main(["-c", str(a), "status", "-c", str(b)]) == 2
+    assert "-c given twice" in capsys.readouterr().err
+
+
 def test_status_without_a_farm_says_how_to_start_one(tmp_path, capsys):
     path = tmp_path / "farm.toml"
     path.write_text(f'[farm]\nstate_dir = "{tmp_path / "nothing"}"\n')
@@ -103,7 +136,8 @@ def farm(tmp_path: Path, redis_url: str, r) -> Path:
 
     toml = _farm_toml(tmp_path / "farm.toml", redis_url)
     client = RolloutClient.from_config(toml)
-    client.submit([{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}])
+    client.submit([{"id": "a", "prompt": "x", "member_lengths": [1, 1]},
+                   {"id": "b", "prompt": "y", "member_lengths": [1, 1]}])
     Collector(client.ledger, client.config, name="c").step()
     assert r.hexists("qr:{bi}:groups", "a") and r.lrange("qr:{bi}:pending", 0, -1) == [b"b"]
     assert r.keys("rq:*")
@@ -118,7 +152,8 @@ def submit_cli(file: Path, toml: Path) -> subprocess.CompletedProcess[str]:
 
 
 def good(i: int) -> str:
-    return json.dumps({"id": f"n{i}", "prompt": "x"})
+    """A line the farm takes: its workflow, controlled_length, needs member_lengths."""
+    return json.dumps({"id": f"n{i}", "prompt": "x", "member_lengths": [1, 1]})
 
 
 def with_lengths(lengths: str) -> list[str]:
@@ -128,7 +163,7 @@ def with_lengths(lengths: str) -> list[str]:
 @pytest.mark.parametrize("lines,message", [
     ([good(1), good(2), '{"id": "n3", "prompt": }', good(4), good(5)],
      ":3: not valid JSON: Expecting value (column 24)"),
-    ([good(1), good(2), '{"id": "n1", "prompt": "again"}'],
+    ([good(1), good(2), '{"id": "n1", "prompt": "again", "member_lengths": [2, 2]}'],
      ":3: duplicate id 'n1' (first on line 1)"),
     (with_lengths("[1, 2, 3]"), ":2: prompt 'bad': `member_lengths` must hold "
                                 "rollout.group_size = 2 ints"),
@@ -165,8 +200,8 @@ def test_bad_prompt_files_exit_2_and_change_nothing(farm, tmp_path, r, redis_sna
 
 def test_ids_already_in_the_farm_refuse_the_whole_file(farm, tmp_path, r, redis_snapshot):
     path = tmp_path / "prompts.jsonl"
-    path.write_text("\n".join([good(1), '{"id": "a", "prompt": "x"}', good(2),
-                               '{"id": "b", "prompt": "x"}']) + "\n")
+    again = '{"id": "%s", "prompt": "x", "member_lengths": [1, 1]}'
+    path.write_text("\n".join([good(1), again % "a", good(2), again % "b"]) + "\n")
     before = redis_snapshot()
     out = submit_cli(path, farm)
     assert (out.returncode, out.stderr) == (
@@ -211,7 +246,8 @@ def test_a_good_file_is_submitted_whole(farm, tmp_path, r, redis_snapshot):
     string are fine, and the snapshot does see the new prompts."""
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(
-        [good(1), '{"id": "n2", "prompt": "a\u2028b\x85c"}', "", good(3)]).encode() + b"\r\n")
+        [good(1), '{"id": "n2", "prompt": "a\u2028b\x85c", "member_lengths": [1, 1]}', "",
+         good(3)]).encode() + b"\r\n")
     before = redis_snapshot()
     out = submit_cli(path, farm)
     assert (out.returncode, out.stdout) == (0, "submitted 3 prompts to farm bi\n"), out.stderr
@@ -249,3 +285,23 @@ def test_every_command_refuses_an_unknown_workflow_at_once(tmp_path, argv):
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(f"queue-rollout: {toml}: workflow.name: 'nope' is neither")
     assert not (tmp_path / "state").exists()  # nothing was started
+
+
+def test_bench_without_a_profile_lists_them_and_runs_nothing(capsys):
+    from queue_rollout.cli.main import BENCH_PROFILES
+
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert all(f"  {name} " in err for name in BENCH_PROFILES) and "28 min" in err
+
+
+def test_bench_out_without_matplotlib_refuses_before_running(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    started = []
+    monkeypatch.setattr("queue_rollout.bench.main.run_bench", lambda *a: started.append(a))
+    assert main(["bench", "--profile", "equal", "--out", str(tmp_path / "o")]) == 2
+    assert "matplotlib" in capsys.readouterr().err and started == []

@@ -65,9 +65,15 @@ def test_the_stack_demo_runs_both_modes_through_real_processes_and_keeps_logs_of
     out = done.stdout
     assert "groups accepted                        32             32" in out
     assert "batches                                 8              8" in out
-    for row in ("mean rollout interval (s)", "mean active episodes", "slot occupancy"):
+    for row in ("mean rollout interval (s)", "mean active episodes", "slot occupancy",
+                "rollout interval: from the farm resuming", "this run's spread: group "):
         assert row in out
-    # no process's log on the terminal (the live view draws only on a terminal)
+    assert "8 batches, the first 4 each followed by a 1 s training pause" in out
+    # not a terminal: plain progress lines, each mode's last one at the end of its work
+    for mode in ("group", "sample"):
+        assert re.search(rf"^{mode}: 32/32 groups  reserved=\d+/16 slots  running=",
+                         done.stderr, re.M), done.stderr
+    # no process's log on the terminal
     logline = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR)\b")
     assert [line for line in (out + done.stderr).splitlines() if logline.search(line)] == []
     logs = tmp_path / ".queue-rollout" / "demo" / "logs"
@@ -79,17 +85,23 @@ def test_the_stack_demo_runs_both_modes_through_real_processes_and_keeps_logs_of
     assert "worker gpu0 started" in (logs / "demo.log").read_text()
 
 
-def test_the_live_view_draws_on_a_terminal_and_stays_silent_elsewhere():
+def test_the_live_view_draws_on_a_terminal_and_prints_plain_lines_elsewhere():
     from queue_rollout.progress import LiveView
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    tty, pipe = Terminal(), io.StringIO()
+    tty, pipe, off = Terminal(), io.StringIO(), io.StringIO()
     for out in (tty, pipe):
-        with LiveView("sample", 32, "groups", out=out) as view:
+        with LiveView("sample", 32, "groups", out=out, plain_every_s=3600) as view:
             view.show(12, slots="14/16", ready=2)
+            view.show(13, slots="14/16", ready=2)  # within the hour: no second plain line
+            view.show(32, slots="0/16", ready=0)  # the end: always
     assert "sample" in tty.getvalue() and "12/32" in tty.getvalue()
     assert "slots=14/16" in tty.getvalue() and "ready=2" in tty.getvalue()
-    assert pipe.getvalue() == ""
+    assert pipe.getvalue() == ("sample: 12/32 groups  slots=14/16  ready=2\n"
+                               "sample: 32/32 groups  slots=0/16  ready=0\n")
+    with LiveView("sample", 32, "groups", out=off, enabled=False) as view:
+        view.show(32)
+    assert off.getvalue() == ""

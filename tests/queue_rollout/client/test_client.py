@@ -14,6 +14,12 @@ from queue_rollout.errors import BadInput, BarrierTimeout
 from queue_rollout.results import EpisodeResult, encode_result
 
 
+def prompt(pid: str, text: str = "x") -> dict:
+    """A prompt with what the farm's workflow (controlled_length, the default) needs:
+    member_lengths, the 3 tokens each member of finish_all produces."""
+    return {"id": pid, "prompt": text, "member_lengths": [3, 3]}
+
+
 @pytest.fixture
 def farm_toml(tmp_path, redis_url):
     path = tmp_path / "farm.toml"
@@ -40,7 +46,7 @@ def finish_all(client: RolloutClient, versions=((0, 3),)) -> None:
 def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
     """A trainer that dies before its ack gets the same batch again (I6, I8)."""
     client = RolloutClient.from_config(farm_toml, consumer="t0")
-    assert client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(3)]) == 3
+    assert client.submit([prompt(f"q{i}") for i in range(3)]) == 3
     collector = Collector(client.ledger, client.config, name="c")
     collector.step()
     with pytest.raises(BarrierTimeout):
@@ -60,7 +66,7 @@ def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
 
 def test_stale_token_mask(farm_toml):
     client = RolloutClient.from_config(farm_toml)
-    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(2)])
+    client.submit([prompt(f"q{i}") for i in range(2)])
     Collector(client.ledger, client.config, name="c").step()
     finish_all(client, versions=((0, 1), (2, 2)))
     Collector(client.ledger, client.config, name="c").step()
@@ -72,18 +78,18 @@ def test_stale_token_mask(farm_toml):
 def test_submit_refuses_bad_and_duplicate_prompts_whole(farm_toml):
     client = RolloutClient.from_config(farm_toml)
     with pytest.raises(BadInput, match="prompt #1"):
-        client.submit([{"id": "a", "prompt": "x"}, {"id": "b"}])
+        client.submit([prompt("a"), {"id": "b"}])
     with pytest.raises(BadInput, match="duplicate id 'a'"):
-        client.submit([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
-    client.submit([{"id": "a", "prompt": "x"}])
+        client.submit([prompt("a"), prompt("a", "y")])
+    client.submit([prompt("a")])
     with pytest.raises(BadInput, match=r"1 id already known to the farm: 'a' \(prompt #1\)"):
-        client.submit([{"id": "b", "prompt": "x"}, {"id": "a", "prompt": "x"}])
+        client.submit([prompt("b"), prompt("a")])
     assert client.status()["groups"]["pending"] == 1
 
 
 def test_consume_json_lines_and_version_bump(farm_toml, capsys):
     client = RolloutClient.from_config(farm_toml)
-    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(4)])
+    client.submit([prompt(f"q{i}") for i in range(4)])
     collector = Collector(client.ledger, client.config, name="c")
     collector.step()
     finish_all(client)
@@ -104,13 +110,13 @@ def test_consume_json_lines_and_version_bump(farm_toml, capsys):
 def used_farm(farm_toml) -> RolloutClient:
     """A farm with history: 'a' and 'b' consumed (prompts purged), 'd' pending."""
     client = RolloutClient.from_config(farm_toml)
-    client.submit([{"id": i, "prompt": "x"} for i in "ab"])
+    client.submit([prompt(i) for i in "ab"])
     collector = Collector(client.ledger, client.config, name="c")
     collector.step()
     finish_all(client)
     collector.step()
     client.ack(client.get_batch(timeout=5))
-    client.submit([{"id": "d", "prompt": "x"}])
+    client.submit([prompt("d")])
     groups = client.status()["groups"]
     assert (groups["consumed"], groups["pending"]) == (2, 1)
     assert not client.ledger.client.hexists(client.ledger.keys.prompts, "a")
@@ -118,13 +124,13 @@ def used_farm(farm_toml) -> RolloutClient:
 
 
 def lengths(value: object) -> list[dict]:
-    return [{"id": "n0", "prompt": "x"}, {"id": "n1", "prompt": "x", "member_lengths": value}]
+    return [prompt("n0"), {"id": "n1", "prompt": "x", "member_lengths": value}]
 
 
 @pytest.mark.parametrize("prompts,message", [
-    ([{"id": "n0", "prompt": "x"}, {"id": "n0", "prompt": "y"}],
+    ([prompt("n0"), prompt("n0", "y")],
      "prompt #1: duplicate id 'n0' (first as prompt #0)"),
-    ([{"id": "n0", "prompt": "x"}, {"id": "a", "prompt": "x"}, {"id": "d", "prompt": "x"}],
+    ([prompt("n0"), prompt("a"), prompt("d")],
      "nothing submitted: 2 ids already known to the farm: 'a' (prompt #1), 'd' (prompt #2)"),
     (lengths([1, 2, 3]), "prompt #1: prompt 'n1': `member_lengths` must hold "
                          "rollout.group_size = 2 ints"),
@@ -142,7 +148,7 @@ def lengths(value: object) -> list[dict]:
      "prompt #0: prompt 'n0' is not JSON: Object of type set is not JSON serializable"),
     ([{"id": "n0", "prompt": "x", "scores": {("a", 1): 0.5}}],
      "prompt #0: prompt 'n0' is not JSON: keys must be str, int, float, bool or None, not tuple"),
-    ([{"id": "n\udc80", "prompt": "x"}],
+    ([prompt("n\udc80")],
      "prompt #0: prompt 'n\\udc80' is not JSON: a lone surrogate (\\ud800-\\udfff) is not "
      "Unicode text"),
 ])
@@ -153,7 +159,7 @@ def test_bad_submissions_are_refused_whole_and_change_nothing(used_farm, redis_s
         used_farm.submit(prompts)
     assert str(info.value) == message
     assert redis_snapshot() == before
-    assert used_farm.submit([{"id": "n0", "prompt": "x"}]) == 1  # the farm still takes prompts
+    assert used_farm.submit([prompt("n0")]) == 1  # the farm still takes prompts
     assert redis_snapshot() != before
 
 
@@ -203,7 +209,7 @@ def _dump(client: RolloutClient) -> dict[bytes, bytes]:
 
 def test_a_lost_ack_or_delivery_never_gives_the_trainer_a_group_twice(farm_toml, caplog):
     client = RolloutClient.from_config(farm_toml, consumer="t0")
-    client.submit([{"id": f"q{i}", "prompt": "x"} for i in range(6)])
+    client.submit([prompt(f"q{i}") for i in range(6)])
     collector = Collector(client.ledger, client.config, name="c")
     for _ in range(3):
         collector.step()

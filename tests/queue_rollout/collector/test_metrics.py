@@ -22,6 +22,7 @@ DESIGN_METRICS = [
     "policy_version", "consumed_group_staleness_bucket", "admission_blocked_total",
     "workers_alive", "attempt_retries_total", "partial_groups", "redis_used_memory_bytes",
     "redis_wait_replicas", "redis_replicas_acked", "prefill_tokens_total",
+    "batches_released_total", "acks_refused_total",
 ]
 
 
@@ -63,20 +64,23 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
             assert "queue_rollout_" + name in text, name
         assert sample(text, "sample_slots") == 4 and sample(text, "sample_slots_reserved") == 4
         assert sample(text, "doubtful_attempts") == 1 and sample(text, "partial_groups") == 0
-        assert 'queue_rollout_episodes_finished_total{outcome="finished"} 2.0' in text
-        assert 'queue_rollout_prefill_tokens_total{kind="computed"} 101.0' in text
-        assert 'queue_rollout_prefill_tokens_total{kind="cached"} 99.0' in text
-        assert 'queue_rollout_admission_blocked_total{reason="capacity"} 1.0' in text
-        r.hset(ledger.keys.counters, mapping={"failed:oversized": 3, "failed:max_attempts": 1})
+        assert 'queue_rollout_episodes_finished_total{farm="m",outcome="finished"} 2.0' in text
+        assert 'queue_rollout_prefill_tokens_total{farm="m",kind="computed"} 101.0' in text
+        assert 'queue_rollout_prefill_tokens_total{farm="m",kind="cached"} 99.0' in text
+        assert 'queue_rollout_admission_blocked_total{farm="m",reason="capacity"} 1.0' in text
+        r.hset(ledger.keys.counters, mapping={"failed:oversized": 3, "failed:max_attempts": 1,
+                                              "released": 2, "acks_refused": 1})
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'queue_rollout_episodes_failed_total{reason="oversized"} 3.0' in text
-        assert 'queue_rollout_episodes_failed_total{reason="max_attempts"} 1.0' in text
-        assert 'queue_rollout_episodes_failed_total{reason="workflow"} 0.0' in text
+        assert sample(text, "batches_released_total") == 2
+        assert sample(text, "acks_refused_total") == 1
+        assert 'queue_rollout_episodes_failed_total{farm="m",reason="oversized"} 3.0' in text
+        assert 'queue_rollout_episodes_failed_total{farm="m",reason="max_attempts"} 1.0' in text
+        assert 'queue_rollout_episodes_failed_total{farm="m",reason="workflow"} 0.0' in text
         assert sample(text, "output_tokens_total") == 4 and sample(text, "policy_version") == 2
         assert sample(text, "episode_duration_seconds_count") == 2
         assert sample(text, "episode_duration_seconds_sum") == 24  # 12 s each
-        assert 'queue_rollout_consumed_group_staleness_bucket{le="2.0"} 1.0' in text
-        assert 'queue_rollout_consumed_group_staleness_bucket{le="1.0"} 0.0' in text
+        assert 'queue_rollout_consumed_group_staleness_bucket{farm="m",le="2.0"} 1.0' in text
+        assert 'queue_rollout_consumed_group_staleness_bucket{farm="m",le="1.0"} 0.0' in text
         health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert health.status == 200
         assert metrics._server.server_address[0] == "127.0.0.1"
@@ -112,9 +116,75 @@ def test_each_live_worker_s_slots_are_a_series_of_their_own(r):
     registry.register("n1-gpu0", {"slots": 16})
     registry.register("n1-gpu1", {"slots": 3})  # its adaptive limit
     text = FarmMetrics(ledger, config).exposition().decode()
-    assert 'queue_rollout_worker_slots{worker="n1-gpu0"} 16.0' in text
-    assert 'queue_rollout_worker_slots{worker="n1-gpu1"} 3.0' in text
+    assert 'queue_rollout_worker_slots{farm="ws",worker="n1-gpu0"} 16.0' in text
+    assert 'queue_rollout_worker_slots{farm="ws",worker="n1-gpu1"} 3.0' in text
     assert sample(text, "sample_slots") == 19  # "auto": their sum
     registry.deregister("n1-gpu1")
     text = FarmMetrics(ledger, config).exposition().decode()
     assert 'worker="n1-gpu1"' not in text and sample(text, "sample_slots") == 16
+
+
+def test_every_series_carries_its_farm_s_name(r, clock):
+    """Two farms on one Redis, each exporter serving /metrics: every sample line of each
+    (gauges, counters, labelled counters, histogram buckets, sums and counts) carries
+    farm="<its farm>", and nothing of the other farm."""
+    import re
+
+    texts = {}
+    for name in ("fa", "fb"):
+        config = msgspec.convert({"farm": {"name": name}, "metrics": {"port": free_port()},
+                                  "rollout": {"group_size": 2, "batch_size": 1}}, Config)
+        ledger = Ledger(r, name, config.rollout, clock=clock)
+        ledger.submit([("p0", b'{"prompt": "x"}')])
+        Collector(ledger, config, name="c").step()
+        metrics = FarmMetrics(ledger, config)  # its histograms see what follows
+        for aid in ledger.group("p0").attempt_ids:
+            ledger.start(aid, "w", "r", "b", 30)
+            a = ledger.attempt(aid)
+            ledger.finish(aid, a.m, encode_result(EpisodeResult(
+                member=a.m, output_ids=[1], logprobs=[0.0], version_runs=[(0, 1)],
+                finish_reason="length", reward=float(a.m))), output_tokens=1)
+        port = metrics.serve()
+        try:
+            texts[name] = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                 timeout=5).read().decode()
+        finally:
+            metrics.close()
+    for name, text in texts.items():
+        samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+        assert len(samples) > 50
+        labels = [dict(re.findall(r'(\w+)="([^"]*)"', s.split("{", 1)[1].rsplit("}", 1)[0]))
+                  if "{" in s else {} for s in samples]
+        assert [s for s, ls in zip(samples, labels, strict=True) if ls.get("farm") != name] == []
+        assert sample(text, "episode_duration_seconds_count") == 2  # histograms too
+        assert sample(text, "groups_admitted_total") == 1
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_its_key_and_the_collector_exits_2(
+        r, redis_url, tmp_path):
+    import socket
+    import subprocess
+
+    from queue_rollout.errors import ConfigError
+    from queue_rollout.procs import cli_exe
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        said = (f"metrics.port {port} is in use: [Errno 98] Address already in use "
+                f"(127.0.0.1:{port}); stop what holds it or choose another port")
+        config = msgspec.convert({"farm": {"name": "mp", "redis_url": redis_url},
+                                  "metrics": {"port": port}}, Config)
+        try:
+            FarmMetrics(Ledger.from_config(r, config), config).serve()
+        except ConfigError as exc:
+            assert str(exc) == said and exc.exit_code == 2
+        else:
+            raise AssertionError("served on a port in use")
+        toml = tmp_path / "farm.toml"
+        toml.write_text(f'[farm]\nname = "mp"\nredis_url = "{redis_url}"\n'
+                        f"[metrics]\nport = {port}\n")
+        done = subprocess.run([cli_exe(), "collector", "-c", str(toml)], capture_output=True,
+                              text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr == f"queue-rollout: {said}\n"

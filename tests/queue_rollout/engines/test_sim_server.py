@@ -342,3 +342,21 @@ def test_metrics_have_sglangs_names_types_and_help(replica):
                 for line in (f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} {kind}")]
     assert declared == expected
     assert 'sglang:cached_tokens_total{model_name="sim",cache_source="device"} 0.0' in text
+
+
+def test_the_sim_engine_on_a_port_in_use_says_so_in_one_line_and_exits_2():
+    import socket
+    import subprocess
+
+    from queue_rollout.procs import cli_exe
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run([cli_exe(), "sim-engine", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == (f"queue-rollout: --port {port} is in use: [Errno 98] Address "
+                           f"already in use (127.0.0.1:{port}); stop what holds it or choose "
+                           "another port\n")

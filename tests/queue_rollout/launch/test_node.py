@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ from queue_rollout.config import Config, EngineConfig, load_config
 from queue_rollout.errors import ConfigError
 from queue_rollout.launch.node import (
     SGLANG_PYTHON_ENV,
+    check_ports,
     check_sglang_python,
     parse_gpus,
     replica_argv,
@@ -376,3 +378,59 @@ def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops
     assert pids_with("sglang.launch_server", f"--port {port} ") == []
     assert r.hlen(Keys("nd").workers) == 0
     assert not calls.exists() or calls.read_text() == "", calls.read_text()
+
+
+def test_a_replica_port_in_use_is_refused_naming_engine_base_port_before_anything_starts(
+        tmp_path, redis_url):
+    toml = write_farm(tmp_path, redis_url, 'kind = "sim"')
+    base = load_config(toml).engine.base_port
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", base + 1))  # GPU 1's replica's port
+        held.listen()
+        with pytest.raises(ConfigError) as refused:
+            check_ports(load_config(toml), [0, 1])
+        assert str(refused.value).startswith(
+            f"engine.base_port + 1 (GPU 1) {base + 1} is in use: [Errno 98] Address already "
+            "in use")
+        proc = subprocess.run([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == f"queue-rollout: {refused.value}\n"
+    assert proc.stdout == "" and not (tmp_path / "state" / "node" / "boots.jsonl").exists()
+
+
+@pytest.mark.e2e
+def test_node_on_ctrl_c_says_what_it_waits_for_and_a_second_ctrl_c_stops_it_at_once(
+        tmp_path, redis_url, r):
+    """A terminal's Ctrl-C reaches the whole group: only node acts on it (its replicas
+    keep serving the workers' grace); a second one kills every process at once."""
+    toml = write_farm(tmp_path, redis_url, 'kind = "sim"\nstep_ms = 1.0')
+    toml.write_text(toml.read_text().replace("shutdown_grace = 2", "shutdown_grace = 120"))
+    node = start_node(toml, "0-1", stderr=subprocess.PIPE, start_new_session=True)
+    stop = threading.Event()
+    try:
+        wait_for(lambda: len(registered(r)) == 2, 60, "two workers registered")
+        config = load_config(toml)
+        client = RolloutClient.from_config(config)
+        Collector(client.ledger, config, name="test").start(stop)
+        client.submit([{"id": f"q{i}", "prompt": "x", "member_lengths": [100_000, 100_000]}
+                       for i in range(2)])
+        wait_for(lambda: client.status()["active_episodes"] == 4, 60, "four episodes running")
+        tree = process_tree(node.pid)
+        os.killpg(node.pid, signal.SIGINT)
+        assert node.stderr is not None
+        while not (line := node.stderr.readline()).startswith("node: "):  # past its log
+            assert line, "node said nothing about stopping"
+        assert line == ("node: stopping: waiting up to 120 s for the running episodes of 2 "
+                        "workers to finish; Ctrl-C again to stop now\n")
+        os.killpg(node.pid, signal.SIGINT)
+        stopped_at = time.monotonic()
+        out, err = node.communicate(timeout=120)
+        assert node.returncode == 0, err
+        assert time.monotonic() - stopped_at < 60  # not the 120 s of grace
+        assert "node: stopped now: what was running is redone" in err and "node: stopped" in out
+        wait_for(lambda: not alive(tree - {node.pid}), 30, "every process of the node to end")
+    finally:
+        stop.set()
+        if node.poll() is None:
+            node.kill()

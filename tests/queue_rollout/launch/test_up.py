@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from queue_rollout.config import Config
+from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.embedded import free_port
-from testkit import farm_up, wait_for
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.registry import Registry
+from queue_rollout.procs import Supervised, stop_all
+from queue_rollout.virtual.clock import ManualClock
+from testkit import alive, farm_up, process_tree, wait_for
 from testkit import write_up_farm as write_farm
-
-pytestmark = pytest.mark.e2e
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
@@ -25,6 +35,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.e2e
 def test_up_runs_a_farm_the_other_commands_find(tmp_path):
     state = tmp_path / "state"
     metrics_port = free_port()
@@ -56,7 +67,7 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
         assert cli("resume", "-c", str(toml)).returncode == 0
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                          timeout=5).read().decode()
-        assert "queue_rollout_groups_consumed_total 4.0" in metrics
+        assert 'queue_rollout_groups_consumed_total{farm="up"} 4.0' in metrics
     assert not (state / "redis.url").exists()
 
 
@@ -113,11 +124,13 @@ def run_reference_scenario(tmp_path: Path, mode: str) -> str:
         return order[0]
 
 
+@pytest.mark.e2e
 def test_reference_scenario_sample_refill_delivers_the_short_group_first(tmp_path):
     assert run_reference_scenario(tmp_path, "sample") == "third"
     assert run_reference_scenario(tmp_path, "group") != "third"
 
 
+@pytest.mark.e2e
 def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
     metrics_port = free_port()
     toml = write_farm(
@@ -155,12 +168,15 @@ def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
                 break
     g = status["groups"]
     assert g["rejected"] >= 1  # easy/hard groups came first (FIFO) and were rejected
-    assert f'groups_rejected_total{{reason="zero_variance"}} {float(g["rejected"])}' in metrics
-    assert f"queue_rollout_groups_accepted_total {float(g['accepted'])}" in metrics
-    assert f"queue_rollout_groups_consumed_total {float(g['consumed'])}" in metrics
-    assert f"queue_rollout_sample_slots_reserved {float(status['reserved'])}" in metrics
+    assert (f'groups_rejected_total{{farm="zv",reason="zero_variance"}} {float(g["rejected"])}'
+            in metrics)
+    assert f'queue_rollout_groups_accepted_total{{farm="zv"}} {float(g["accepted"])}' in metrics
+    assert f'queue_rollout_groups_consumed_total{{farm="zv"}} {float(g["consumed"])}' in metrics
+    reserved = float(status["reserved"])
+    assert f'queue_rollout_sample_slots_reserved{{farm="zv"}} {reserved}' in metrics
 
 
+@pytest.mark.e2e
 def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(tmp_path):
     from queue_rollout import RolloutClient
 
@@ -191,6 +207,7 @@ def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(t
         assert set(seen[-2:]) == {"slow1", "slow2"}  # the stragglers' groups came last
 
 
+@pytest.mark.e2e
 def test_a_trainer_resuming_at_version_10_gets_no_burst(tmp_path):
     """A fresh farm, `set-version 10` (a trainer resuming from a checkpoint), then
     prompts: at most (max_staleness + 1) * B = 3 groups are admitted ahead of the
@@ -230,6 +247,160 @@ def test_a_trainer_resuming_at_version_10_gets_no_burst(tmp_path):
             assert 0 <= b["version"] - admitted_at <= 2, b
         metrics = wait_for(lambda: (text := urllib.request.urlopen(
             f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode())
-            and "queue_rollout_consumed_group_staleness_count 12.0" in text and text,
+            and 'queue_rollout_consumed_group_staleness_count{farm="resume"} 12.0' in text and text,
             timeout=30, what="12 staleness observations")
-        assert 'queue_rollout_consumed_group_staleness_bucket{le="2.0"} 12.0' in metrics
+        assert ('queue_rollout_consumed_group_staleness_bucket{farm="resume",le="2.0"} 12.0'
+                in metrics)
+
+
+# -- readiness, a port in use, Ctrl-C ----------------------------------------------------
+
+def test_up_is_ready_only_with_every_worker_registered_under_its_current_process(
+        redis_url, r, tmp_path):
+    """A worker that has not registered, or was restarted (its old record still live),
+    is not ready, and what `up` waits for names it with the last thing it said; the
+    collector is ready once it leads. The clock is passed in: each reading 1 s on."""
+    config = msgspec.convert({"farm": {"name": "rd", "redis_url": redis_url}}, Config)
+    ticks = itertools.count()
+    farm = LocalFarm(config, tmp_path / "up.toml", clock=lambda: float(next(ticks)))
+    said_last = ("2026-01-01 00:00:00,000 INFO queue_rollout.workers.supervisor: worker h-gpu0:"
+                 " waiting for its replica http://127.0.0.1:9: connection refused (5 s of 120 s)")
+    (tmp_path / "worker-0.log").write_text(said_last + "\n")
+    clock = ManualClock(start=0.0)
+    worker = Supervised("worker gpu0", [sys.executable, "-c", "import time; time.sleep(120)"],
+                        log_path=tmp_path / "worker-0.log", clock=clock)
+    collector = Supervised("collector", [sys.executable, "-c", "import time; time.sleep(120)"])
+    farm.workers, farm.collector = [worker], collector
+    stop = threading.Event()
+    registry = Registry(r, Keys("rd"), config.timeouts.lease)
+    try:
+        farm.keep()
+        assert worker.proc is not None and collector.proc is not None
+        said: list[str] = []
+        assert not farm.wait_ready(stop, 30, say=said.append, say_every=10, poll_s=0)
+        assert farm.unready == [f"worker gpu0 (not registered yet; it said: {said_last})",
+                                "collector (not leading yet)"]
+        assert [line.split(" for: ")[0] for line in said] == ["waiting 10 s", "waiting 20 s"]
+
+        registry.register("h-gpu0", {"pid": worker.proc.pid})
+        r.hset(Keys("rd").leader, "holder", "elsewhere-1")
+        assert not farm.wait_ready(stop, 5, poll_s=0)
+        assert farm.unready == ["collector (not leading yet)"]
+        r.hset(Keys("rd").leader, "holder", f"{socket.gethostname()}-{collector.proc.pid}")
+        assert farm.wait_ready(stop, 5, poll_s=0) and farm.unready == []
+
+        worker.proc.kill()  # it dies and is restarted; its old record is still live
+        worker.proc.wait()
+        worker.keep()
+        clock.advance(worker.next_start - clock.now)
+        worker.keep()
+        assert worker.proc is not None and worker.proc.poll() is None
+        assert not farm.wait_ready(stop, 5, poll_s=0)
+        assert farm.unready == [f"worker gpu0 (not registered yet; exited 1 time, last with "
+                                f"-9; it said: {said_last})"]
+        stop.set()  # a stop ends the wait without a timeout's warning
+        assert not farm.wait_ready(stop, 5, poll_s=0)
+    finally:
+        stop_all([c.proc for c in (worker, collector) if c.proc], 10)
+
+
+def up_in_its_own_session(toml: Path, *args: str) -> subprocess.Popen:
+    """`up` as a terminal runs it: a Ctrl-C there goes to the whole process group."""
+    return subprocess.Popen([EXE, "up", "-c", str(toml), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def running_farm(tmp_path: Path, name: str, grace: int, *args: str
+                 ) -> tuple[subprocess.Popen, Path]:
+    """`up` with four episodes running (of 100 s each), and its state folder."""
+    from queue_rollout import RolloutClient
+
+    state = tmp_path / "state"
+    toml = write_farm(tmp_path / "farm.toml", name, state, slots=2, metrics_port=free_port(),
+                      rollout="group_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8")
+    toml.write_text(toml.read_text().replace("shutdown_grace = 2", f"shutdown_grace = {grace}"))
+    up = up_in_its_own_session(toml, *args)
+    assert up.stdout is not None and f"farm {name} up: " in up.stdout.readline()
+    client = RolloutClient.from_config(toml)
+    client.submit([{"id": f"q{i}", "prompt": "x", "member_lengths": [200_000, 200_000]}
+                   for i in range(2)])
+    wait_for(lambda: client.status()["active_episodes"] == 4, 60, "four episodes running")
+    return up, state
+
+
+@pytest.mark.e2e
+def test_ctrl_c_says_what_it_waits_for_and_stops_within_the_grace(tmp_path):
+    """A Ctrl-C reaches the whole group; only `up` acts on it: it says what it waits
+    for, the episodes get their 5 s, and it stops. With -v the children's logs are on
+    the terminal too; they are in <state_dir>/logs either way."""
+    up, state = running_farm(tmp_path, "cc", 5, "-v")
+    stopped_at = time.monotonic()
+    os.killpg(up.pid, signal.SIGINT)
+    out, err = up.communicate(timeout=120)
+    took = time.monotonic() - stopped_at
+    assert up.returncode == 0, err
+    assert took < 5 + 20, took  # the grace and the processes' exits, not 15 s more
+    assert ("farm cc: stopping: waiting up to 5 s for 4 running episodes to finish; "
+            "Ctrl-C again to stop now") in err
+    assert "farm cc stopped" in out and "Traceback" not in err
+    assert "worker-0: " in err and "shutdown grace over" in err  # -v: the workers' logs
+    logs = state / "logs"
+    assert "worker gpu0 started" in (logs / "up.log").read_text()
+    assert "shutdown grace over: aborting" in (logs / "worker-1.log").read_text()
+
+
+@pytest.mark.e2e
+def test_a_second_ctrl_c_stops_every_process_at_once(tmp_path):
+    up, _ = running_farm(tmp_path, "cc2", 120)
+    tree = process_tree(up.pid)
+    assert len(tree) > 6  # redis, replicas, workers, their episode processes, collector
+    os.killpg(up.pid, signal.SIGINT)
+    assert up.stderr is not None and "Ctrl-C again to stop now" in up.stderr.readline()
+    os.killpg(up.pid, signal.SIGINT)
+    stopped_at = time.monotonic()
+    out, err = up.communicate(timeout=120)
+    assert up.returncode == 0, err
+    assert time.monotonic() - stopped_at < 60  # not the 120 s of grace
+    assert "farm cc2 stopped" in out
+    assert "farm cc2: stopped now: what was running is redone" in err
+    wait_for(lambda: not alive(tree - {up.pid}), 30, "every process of the farm to end")
+
+
+@pytest.mark.e2e
+def test_up_with_its_metrics_port_in_use_stops_saying_so_with_exit_2(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        toml = write_farm(tmp_path / "farm.toml", "busy", tmp_path / "state", slots=2,
+                          metrics_port=port, rollout="group_size = 2\nbatch_size = 1")
+        done = cli("up", "-c", str(toml), timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""  # never said to be up
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("queue-rollout: collector exited with 2 (bad input or config), "
+                           f"not restarted: metrics.port {port} is in use: ")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.e2e
+def test_up_does_not_claim_a_farm_whose_worker_cannot_reach_its_replica(tmp_path):
+    """Nothing listens at the replica's URL: `up` never says the farm is up; it says
+    what it waits for (the worker's own words: the URL and the last answer), and a
+    Ctrl-C meanwhile stops it without a timeout's message."""
+    url = f"http://127.0.0.1:{free_port()}"
+    toml = write_farm(tmp_path / "farm.toml", "dead", tmp_path / "state", slots=2,
+                      metrics_port=free_port(), rollout="group_size = 2\nbatch_size = 1")
+    toml.write_text(toml.read_text().replace("[engine]\n", f'[engine]\nkind = "sglang"\n'
+                                                          f'urls = ["{url}"]\n'))
+    up = up_in_its_own_session(toml)
+    assert up.stderr is not None
+    line = up.stderr.readline()  # after 10 s
+    assert line.startswith("farm dead: waiting 10 s for: worker gpu0 (not registered yet"), line
+    assert f"waiting for its replica {url}: connection refused" in line
+    os.killpg(up.pid, signal.SIGINT)
+    out, err = up.communicate(timeout=120)
+    assert up.returncode == 0, err
+    assert " up: " not in out and "farm dead stopped" in out
+    assert "farm dead: stopped before it was ready, waiting for: worker gpu0" in err
+    assert "not ready within" not in err + line and "Traceback" not in err

@@ -345,7 +345,7 @@ def test_redis_unreachable_every_command_exits_4_with_the_url_masked(tmp_path: P
     url = f"redis://rollout:{quote(secret.password, safe='')}@127.0.0.1:{port}/0"
     toml = write_farm(tmp_path / "farm.toml", "gone", url)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"id": "g0", "prompt": "x"}\n')
+    prompts.write_text('{"id": "g0", "prompt": "x", "member_lengths": [1, 1]}\n')
     commands = {"status": ["status"], "doctor": ["doctor"], "submit": ["submit", str(prompts)],
                 "consume": ["consume", "--batches", "1"], "pause": ["pause"],
                 "resume": ["resume"], "set-version": ["set-version", "1"],
@@ -369,6 +369,21 @@ def test_redis_unreachable_every_command_exits_4_with_the_url_masked(tmp_path: P
     with pytest.raises(RedisUnavailable) as refused:
         connect(query_url)
     assert_refused(refused.value, secret, "?password=***")
+
+
+def test_a_url_where_something_else_answers_exits_4_saying_so(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"redis://127.0.0.1:{server.server_address[1]}/0"
+        run = cli("status", "-c", str(write_farm(tmp_path / "farm.toml", "http", url)))
+    finally:
+        server.shutdown()
+    assert run.returncode == 4, run.stderr
+    assert "does not speak Redis's protocol" in run.stderr and "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize("shape", [

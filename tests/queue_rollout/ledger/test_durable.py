@@ -84,8 +84,8 @@ def test_the_same_call_sent_again_is_applied_once_with_the_first_answer(
     Ledger(primary, "d", ROLLOUT).submit(trivial_prompts(2))
     call_keys = [keys.counters, keys.state, keys.pending, keys.groups, keys.attempts,
                  keys.outbox, keys.replica_free, keys.replica_load, keys.placed,
-                 keys.receipt("same")]
-    args: list[object] = ["1.0", 2, 1, 8, 2, "group", "any", "a1", "a2", "0", 60]
+                 keys.refusals, keys.history, keys.history_index, keys.receipt("same")]
+    args: list[object] = ["1.0", 2, 1, 8, 2, "group", "any", 10, 60, "a1", "a2", "0", 60]
     first = scripts.call("admit", call_keys, args)
     again = scripts.call("admit", call_keys, [*args[:-4], "b1", "b2", "1", 60])
     assert again == first
@@ -134,6 +134,8 @@ def test_an_answer_lost_on_the_way_back_is_sent_again_and_applied_once(
         primary: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = _ledger(primary)
     ledger.submit(trivial_prompts(2))
+    assert ledger.durable is not None
+    ledger.durable.scripts.load("admit")  # no NOSCRIPT round first, whatever ran before
     calls = lose_first_answer(monkeypatch)
     admission = ledger.admit()
     monkeypatch.undo()

@@ -416,13 +416,15 @@ def test_script_errors_write_nothing(make_ledger, r):
     k = ledger.keys
     with pytest.raises(redis.ResponseError, match="verdict"):
         scripts.call("judge", [k.counters, k.groups, k.ready, k.events, k.prompts,
-                               k.attempts, k.results], [1, "p0", "maybe", "", "g", ""])
+                               k.attempts, k.results, k.history],
+                     [1, "p0", "maybe", "", "g", "", ""])
     # an attempt id that already exists: admit refuses before popping the prompt
     taken = ledger.client.hkeys(k.attempts)[0].decode()
     with pytest.raises(redis.ResponseError, match="already exists"):
         scripts.call("admit", [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox,
-                               k.replica_free, k.replica_load, k.placed],
-                     [1, 1, 16, 4, 2, "sample", "any", taken])
+                               k.replica_free, k.replica_load, k.placed, k.refusals,
+                               k.history, k.history_index],
+                     [1, 1, 16, 4, 2, "sample", "any", 10, 60, taken])
     assert ledger.counters() == before
     assert r.lrange(k.pending, 0, -1) == [b"p1"]
     assert ledger.judge("p0", accept=True).status == "accepted"

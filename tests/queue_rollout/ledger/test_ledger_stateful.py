@@ -169,6 +169,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ready: list[str] = []
         self.held_batches: dict[str, tuple[str, list[str], int]] = {}
         self.acked_batch_ids: list[str] = []
+        self.released_batch_ids: list[str] = []
+        self.first_version: dict[str, int] = {}  # released group -> its first delivery's
         self.delivered_ever: set[str] = set()
         self.completed = 0
         self.deleted_entries = 0  # events entries judged (acknowledged and deleted)
@@ -863,9 +865,10 @@ class LedgerMachine(RuleBasedStateMachine):
     def trainer(self, consumer: str, data: st.DataObject) -> None:
         """A trainer (two consumers) takes a batch, may ask again before acknowledging
         (a restart: the same batch comes back), acknowledges it (then usually raises the
-        policy version, as ``consume`` does), or acknowledges a batch it does not hold."""
+        policy version, as ``consume`` does), acknowledges a batch it does not hold, or
+        is gone and has its batch released (an operator's ``release``)."""
         held = self.held_batches.get(consumer)
-        actions = ["ack", "pop", "ack_wrong"] if held else ["pop", "ack_wrong"]
+        actions = ["ack", "pop", "ack_wrong", "release"] if held else ["pop", "ack_wrong"]
         action = data.draw(st.sampled_from(actions), label="action")
         if action == "pop":
             self.do_pop_batch(consumer)
@@ -879,15 +882,53 @@ class LedgerMachine(RuleBasedStateMachine):
             self.do_ack(consumer)
             if data.draw(st.sampled_from([True, True, False]), label="bump_version"):
                 self.do_set_version(self.version + 1)
+        elif action == "release":
+            self.do_release(consumer)
         else:
-            batch_id = data.draw(st.sampled_from(["not-a-batch", *self.acked_batch_ids]),
+            batch_id = data.draw(st.sampled_from(["not-a-batch", *self.acked_batch_ids,
+                                                  *self.released_batch_ids]),
                                  label="batch_id")
             self.do_ack_wrong(consumer, batch_id)
 
     def do_ack_wrong(self, consumer: str, batch_id: str) -> None:
         held = self.held_batches.get(consumer)
         assert held is None or held[0] != batch_id
-        self.expect_ignored("ack", lambda: self.ledger.ack(consumer, batch_id))
+        if batch_id not in self.released_batch_ids:
+            self.expect_ignored("ack", lambda: self.ledger.ack(consumer, batch_id))
+            return
+        # I6: a late ack of a batch released from its consumer is refused, consumes
+        # nothing and is counted
+        before = self.snapshot()
+        ans = self.ledger.ack(consumer, batch_id)
+        assert ans == Answer("refused", reason="released"), ans
+        self.c["acks_refused"] += 1
+        after = self.snapshot()
+        before["counters"].pop("acks_refused", None)
+        after["counters"].pop("acks_refused", None)
+        assert after == before, "a refused ack changed the ledger"
+        self.cov["refused:ack"] += 1
+
+    def do_release(self, consumer: str) -> None:
+        """The consumer is gone: its batch goes back whole to the head of the ready
+        groups, keeping the version of its first delivery."""
+        held = self.held_batches.get(consumer)
+        if held is None:
+            before = self.snapshot()
+            assert self.ledger.release(consumer) is None
+            assert self.snapshot() == before, "releasing nothing changed the ledger"
+            self.cov["release:empty"] += 1
+            return
+        batch_id, gids, version = held
+        got = self.ledger.release(consumer)
+        assert got is not None and (got.id, got.groups, got.version) == held, got
+        for gid in gids:
+            self.first_version.setdefault(gid, version)
+            self.groups[gid].state = "accepted"
+        self.ready = gids + self.ready
+        del self.held_batches[consumer]
+        self.released_batch_ids.append(batch_id)
+        self.c["released"] += 1
+        self.cov["released"] += 1
 
     def do_pop_batch(self, consumer: str) -> None:
         led = self.ledger
@@ -913,19 +954,23 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert current is not None and current[1].state in ("finished", "failed"), \
                     (gid, m, current)
         got = led.pop_batch(consumer)
-        assert got is not None and not got.redelivered, got
+        # released groups come first, redelivered under their first delivery's version
+        firsts = [self.first_version[gid] for gid in expect if gid in self.first_version]
+        assert got is not None and got.redelivered == bool(firsts), got
         b = got.batch
         assert len(b.groups) == self.B, f"I6: batch of {len(b.groups)} != B {self.B}"
         assert b.groups == expect, (b.groups, expect)
-        assert b.consumer == consumer and b.version == self.version
+        assert b.consumer == consumer and b.version == min(firsts, default=self.version)
         for gid in b.groups:
-            assert gid not in self.delivered_ever, f"I6: {gid} delivered twice"
+            # I6: delivered once, but for a batch released from its consumer
+            assert gid not in self.delivered_ever or gid in self.first_version, \
+                f"I6: {gid} delivered twice"
             self.delivered_ever.add(gid)
             self.groups[gid].state = "delivered"
         self.ready = self.ready[self.B:]
         self.held_batches[consumer] = (b.id, list(b.groups), b.version)
         self.c["batches"] += 1
-        self.cov["pop:delivered"] += 1
+        self.cov["pop:released" if firsts else "pop:delivered"] += 1
 
     def do_ack(self, consumer: str) -> None:
         batch_id, gids, _version = self.held_batches[consumer]
@@ -1182,10 +1227,16 @@ def test_ledger_lifecycle_scenario(redis_url: str, mode: str) -> None:
         step("pop:delivered", m.do_pop_batch, "c0")
         step("pop:redelivered", m.do_pop_batch, "c0")
         step("pop:empty", m.do_pop_batch, "c1")
+        m.do_set_version(1)
+        step("released", m.do_release, "c0")                       # c0 is gone
+        step("pop:released", m.do_pop_batch, "c1")                 # at version 0 still
+        step("refused:ack", m.do_ack_wrong, "c0", m.released_batch_ids[-1])
+        m.do_set_version(0)
         step("ignored:ack", m.do_ack_wrong, "c0", "not-a-batch")
         step("ignored:ack", m.do_ack_wrong, "c1", "not-a-batch")
-        step("acked", m.do_ack, "c0")
+        step("acked", m.do_ack, "c1")
         step("ignored:finish", m.do_finish, a1, 1, "finished", 4)  # purged group
+        step("release:empty", m.do_release, "c0")
 
         b0, b1 = ep_aid("p1", 0), ep_aid("p1", 1)
         step("started", m.do_start, b0, "w0", "b0")

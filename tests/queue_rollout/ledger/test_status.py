@@ -76,3 +76,48 @@ def test_each_worker_s_limit_is_shown_and_auto_capacity_is_their_sum(r: redis.Re
     assert s["workers"] == {"alive": 2, "slots": 21, "limits": {"n1-gpu0": 16, "n1-gpu1": 5}}
     assert s["capacity"] == 21
     assert "workers   2 alive, 21 slots (limits 5 to 16 per worker)" in format_status(s)
+
+
+def test_status_says_who_leads_what_is_held_and_why_admission_waits(r: redis.Redis,
+                                                                     clock) -> None:
+    from queue_rollout.config import RolloutConfig, TimeoutsConfig
+    from queue_rollout.ledger.core import Ledger
+    from testkit import trivial_prompts
+
+    rollout = RolloutConfig(group_size=2, batch_size=1, max_concurrent_samples=2)
+    config = Config(farm=FarmConfig(name="t"), rollout=rollout,
+                    timeouts=TimeoutsConfig(leader_lease=10))
+    ledger = Ledger(r, "t", rollout, clock=clock)
+
+    def status() -> dict:
+        return farm_status(r, config, redis_url="x", now=clock())
+
+    assert status()["collector"] == {"leader": None, "lease_age_s": None}
+    assert "collector NONE leads" in format_status(status(), clock())
+    assert ledger.lead("c1", 10)[0]
+    clock.advance(4)
+    assert status()["collector"] == {"leader": "c1", "lease_age_s": 4.0}
+    ledger.submit(trivial_prompts(3))
+    a = ledger.admit()
+    for m, aid in enumerate(a.attempt_ids):
+        assert ledger.start(aid, "w", "r0", "boot0", 30).status == "started"
+        assert ledger.finish(aid, m, b"x", output_tokens=1).status == "recorded"
+    assert ledger.judge(a.group_id, accept=True).status == "accepted"
+    assert ledger.admit().status == "admitted"  # its slots: all there are
+    for _ in range(3):
+        assert ledger.admit().reason == "capacity"
+    delivery = ledger.pop_batch("trainer-0")
+    assert delivery is not None
+    clock.advance(7)  # the collector stopped renewing: its lease ran out
+    s = status()
+    assert s["collector"]["leader"] is None
+    assert s["held"] == [{"batch": delivery.batch.id, "consumer": "trainer-0",
+                          "since": clock() - 7, "groups": 1}]
+    assert s["blocked"] == {"capacity": 3}
+    text = format_status(s, clock())
+    assert f"held      1 groups in 1 unacknowledged batch(es): {delivery.batch.id} by " \
+           "trainer-0 for 7 s" in text
+    assert "blocked   admission refused in the last minute: capacity 3" in text
+    clock.advance(61)  # refusals older than a minute no longer count
+    assert status()["blocked"] == {}
+    assert "no admission refused in the last minute" in format_status(status(), clock())

@@ -53,6 +53,15 @@ def test_the_shapes_a_farm_recorded_are_its_prompts(tmp_path: Path) -> None:
         planned = cli("plan", "--from-farm", "-c", str(toml), "--gpus", "2",
                       "--slots-per-replica", "8", "--batch-size", "2", "--batches", "4",
                       "--json", "--seed", "3")
+        # without flags, the farm's own shape: its 2 live workers, 8 slots, B=2
+        own = cli("plan", "--from-farm", "-c", str(toml), "--batches", "1", "--modes", "group")
+        # flags override it
+        flagged = cli("plan", "--from-farm", "-c", str(toml), "--batches", "1", "--modes",
+                      "group", "--gpus", "3", "--slots-per-replica", "4", "--batch-size", "1")
+    assert own.returncode == 0, own.stderr
+    assert "B=2, 2 GPUs x 8 slots" in own.stderr and "from the farm's live workers" in own.stderr
+    assert flagged.returncode == 0, flagged.stderr
+    assert "B=1, 3 GPUs x 4 slots" in flagged.stderr
     got = {s["group_id"]: s for s in history}
     assert sorted(got) == sorted(p["id"] for p in prompts)
     for p in prompts:  # each group as the manifest made it: its prompt, its members

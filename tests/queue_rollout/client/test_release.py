@@ -1,0 +1,77 @@
+"""The trainer's view of a released batch: another client gets it redelivered, under
+the version of its first delivery, and the gone client's late ack raises."""
+
+from __future__ import annotations
+
+import pytest
+
+from queue_rollout import RolloutClient
+from queue_rollout.collector.loop import Collector
+from queue_rollout.errors import BadInput, BatchReleased
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.results import EpisodeResult, encode_result
+
+
+@pytest.fixture
+def farm_toml(tmp_path, redis_url):
+    path = tmp_path / "farm.toml"
+    path.write_text(f'[farm]\nname = "tr"\nredis_url = "{redis_url}"\n'
+                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
+    return path
+
+
+def finish_all(client: RolloutClient) -> None:
+    """Play the workers: every queued attempt runs and produces 3 tokens."""
+    ledger = client.ledger
+    for raw in ledger.client.hkeys(ledger.keys.attempts):
+        aid = raw.decode()
+        a = ledger.attempt(aid)
+        if a.state != "queued":
+            continue
+        ledger.start(aid, "w", "r", "b", 30)
+        result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
+                               version_runs=[(0, 3)], finish_reason="length",
+                               reward=float(a.m))
+        ledger.finish(aid, a.m, encode_result(result), output_tokens=3)
+
+
+def test_a_released_batch_is_trained_once_by_another_trainer(farm_toml):
+    gone = RolloutClient.from_config(farm_toml, consumer="gone")
+    gone.submit([{"id": f"q{i}", "prompt": "x", "member_lengths": [3, 3]} for i in range(4)])
+    collector = Collector(gone.ledger, gone.config, name="c")
+    collector.step()
+    finish_all(gone)
+    collector.step()
+    first = gone.get_batch(timeout=5)
+    assert not first.redelivered and first.version == 0
+    gone.set_version(5)
+
+    released = gone.ledger.release("gone")
+    assert released is not None and released.id == first.id
+
+    other = RolloutClient.from_config(farm_toml, consumer="other")
+    again = other.get_batch(timeout=5)
+    assert again.redelivered
+    assert [g.id for g in again.groups] == [g.id for g in first.groups]
+    assert again.version == 0  # the version of its first delivery
+    assert again.groups[0].members[1].output_ids == [7, 8, 9]  # the results are all there
+
+    with pytest.raises(BatchReleased, match="released"):
+        gone.ack(first)
+    assert gone.ledger.counters()["acks_refused"] == 1
+    assert isinstance(BatchReleased("x"), BadInput)  # exit 2, caught as a refusal
+    other.ack(again)
+    counters = other.ledger.counters()
+    assert counters["consumed"] == 2 and counters["acks_refused"] == 1
+    assert examine(other.ledger.client, other.ledger.keys, 2).ok
+
+    # the rest goes on as usual; no group is consumed twice
+    collector.step()
+    finish_all(gone)
+    collector.step()
+    rest = other.get_batch(timeout=5)
+    assert not rest.redelivered and rest.version == 5
+    assert {g.id for g in rest.groups}.isdisjoint(g.id for g in again.groups)
+    other.ack(rest)
+    assert other.ledger.counters()["consumed"] == 4
+    assert examine(other.ledger.client, other.ledger.keys, 2).ok
