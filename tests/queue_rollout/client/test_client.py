@@ -11,7 +11,7 @@ from queue_rollout.cli.main import main
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import load_config
 from queue_rollout.errors import BadInput, BarrierTimeout
-from queue_rollout.results import EpisodeResult, encode_result
+from testkit import finish_all
 
 
 def prompt(pid: str, text: str = "x") -> dict:
@@ -26,21 +26,6 @@ def farm_toml(tmp_path, redis_url):
     path.write_text(f'[farm]\nname = "tc"\nredis_url = "{redis_url}"\n'
                     "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
     return path
-
-
-def finish_all(client: RolloutClient, versions=((0, 3),)) -> None:
-    """Play the workers: every queued attempt runs and produces 3 tokens."""
-    ledger = client.ledger
-    for raw in ledger.client.hkeys(ledger.keys.attempts):
-        aid = raw.decode()
-        a = ledger.attempt(aid)
-        if a.state != "queued":
-            continue
-        ledger.start(aid, "w", "r", "b", 30)
-        result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
-                               version_runs=list(versions), finish_reason="length",
-                               reward=float(a.m))
-        ledger.finish(aid, a.m, encode_result(result), output_tokens=3)
 
 
 def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):

@@ -9,7 +9,7 @@ from queue_rollout import RolloutClient
 from queue_rollout.collector.loop import Collector
 from queue_rollout.errors import BadInput, BatchReleased
 from queue_rollout.ledger.doctor import examine
-from queue_rollout.results import EpisodeResult, encode_result
+from testkit import finish_all
 
 
 @pytest.fixture
@@ -18,21 +18,6 @@ def farm_toml(tmp_path, redis_url):
     path.write_text(f'[farm]\nname = "tr"\nredis_url = "{redis_url}"\n'
                     "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
     return path
-
-
-def finish_all(client: RolloutClient) -> None:
-    """Play the workers: every queued attempt runs and produces 3 tokens."""
-    ledger = client.ledger
-    for raw in ledger.client.hkeys(ledger.keys.attempts):
-        aid = raw.decode()
-        a = ledger.attempt(aid)
-        if a.state != "queued":
-            continue
-        ledger.start(aid, "w", "r", "b", 30)
-        result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
-                               version_runs=[(0, 3)], finish_reason="length",
-                               reward=float(a.m))
-        ledger.finish(aid, a.m, encode_result(result), output_tokens=3)
 
 
 def test_a_released_batch_is_trained_once_by_another_trainer(farm_toml):
