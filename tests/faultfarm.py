@@ -146,10 +146,14 @@ class NodeReplica:
 def generations(server: RequestLog, since: int = 0) -> list[Generation]:
     """Every generation *server* received after log offset *since*, with when it ended:
     its ``request.finished`` entry, the line saying it was aborted because its client
-    went away (second resolution: the end of that second is taken), or a SIGKILL of
-    the server."""
+    went away (second resolution: the end of that second is taken), a SIGKILL of the
+    server, or a probe with its rid (``max_new_tokens = 0``) that the server took in:
+    SGLang logs a request only once it has refused a duplicate rid, and it forgets a
+    rid only when the scheduler has ended its request, so the probe's timestamp bounds
+    the end of the generation before it (the disconnect line's second may not)."""
     out: list[Generation] = []
     open_: dict[str, Generation] = {}
+    last: dict[str, Generation] = {}  # by rid, the newest generation
     kills = [(offset, when) for offset, when in server.kills if offset > since]
     if not server.log_path.exists():
         return out
@@ -177,8 +181,13 @@ def generations(server: RequestLog, since: int = 0) -> list[Generation]:
                         g = Generation(server.url, rid, int(params["sampling_seed"]),
                                        int(params.get("max_new_tokens", 0)),
                                        stamp(entry["timestamp"]))
-                        open_[rid] = g
+                        open_[rid] = last[rid] = g
                         out.append(g)
+                    elif params.get("max_new_tokens") == 0 and rid in last:  # a probe
+                        probed, g = stamp(entry["timestamp"]), last[rid]
+                        open_.pop(rid, None)
+                        if g.end is None or probed < g.end:
+                            g.end, g.how = probed, g.how or "stopped (probe taken)"
                 elif entry.get("event") == "request.finished" and rid in open_:
                     g = open_.pop(rid)
                     g.end = stamp(entry["timestamp"])
