@@ -321,7 +321,11 @@ class AttemptRunner:
             live.tokens += len(gen.output_ids)
             for run in gen.version_runs(version):
                 add_tokens(runs, *run)
+            finish = gen.finish_reason
             if not gen.aborted:
+                break
+            if len(ids) >= budget:  # aborted as its last token came: nothing to resume
+                finish = {"type": "length", "length": budget}
                 break
             if self._stopping(live):
                 raise AttemptStopped
@@ -330,7 +334,7 @@ class AttemptRunner:
             self._wait_unpaused(live)
             piece += 1
         merged = Generation(rid=base, text="".join(texts), output_ids=ids, logprobs=logprobs,
-                            finish_reason=gen.finish_reason, completion_tokens=len(ids),
+                            finish_reason=finish, completion_tokens=len(ids),
                             prompt_tokens=prompt_tokens, weight_version=gen.weight_version,
                             meta_info=gen.meta_info, cached_tokens=cached_tokens)
         return merged, runs
@@ -378,7 +382,9 @@ class AttemptRunner:
             version_runs=ctx.version_runs, finish_reason=ctx.finish_reason or outcome,
             reward=reward, text="".join(ctx.texts), turns=ctx.turns, error=error,
             prompt_tokens=ctx.prompt_tokens, cached_tokens=ctx.cached_tokens,
-            turn_lengths=ctx.turn_lengths)
+            turn_lengths=ctx.turn_lengths, tool_ids=ctx.tool_ids(),
+            prompt_ids=sent if (sent := ctx.sent_prompt()) != ctx.prompt.get("input_ids")
+            else None)
         blob = encode_result(result)
         cap = self.config.limits.max_result_bytes
         reason: Literal["workflow", "oversized"] = "workflow"

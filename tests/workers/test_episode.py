@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -219,6 +220,30 @@ def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow)
     assert len(result.output_ids) == 300
     versions = [v for v, _ in result.version_runs]
     assert versions == [0, 1] and 0 < result.version_runs[0][1] < 300
+
+
+def test_an_abort_that_comes_with_the_last_token_is_not_resumed(r, fast):
+    """A pause-abort can end a request after its last token: its answer says abort with
+    every token there. Nothing is left to resume (SGLang answers a request for 0 new
+    tokens with one logprob and no token, which would misalign the result)."""
+    config = make_config(engine={"pause_mode": "abort"})
+    ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [6, 1]}])
+    runner = runner_for(ledger, config, fast.url)
+    generate, calls = runner.client.generate, []
+
+    def aborted_at_the_end(rid, **kw):
+        calls.append(kw["sampling_params"]["max_new_tokens"])
+        gen = generate(rid, **kw)
+        if len(calls) > 1:  # only the first answer is cut by the pause
+            return gen
+        return dataclasses.replace(gen, finish_reason={"type": "abort", "message": "paused"})
+
+    runner.client.generate = aborted_at_the_end
+    assert runner.run(adm.attempt_ids[0]) == "finished"
+    result = decode_result(ledger.result("p", 0), 1 << 20)
+    assert calls == [6]  # one request, no second for 0 tokens
+    assert (len(result.output_ids), len(result.logprobs)) == (6, 6)
+    assert result.finish_reason == "length"
 
 
 def test_pause_in_place_without_new_weights_keeps_the_request_and_its_version(r, slow):
