@@ -27,6 +27,11 @@ class EpisodeResult(msgspec.Struct, forbid_unknown_fields=True):
     prompt_tokens: NonNegInt = 0  # context tokens the replica was sent, over every call
     cached_tokens: NonNegInt = 0  # of those, found in its prefix cache (not computed)
     turn_lengths: list[NonNegInt] = msgspec.field(default_factory=list)  # tokens per call
+    #: the tool tokens between consecutive turns; None when the member's calls were not
+    #: one growing sequence of token ids (a text prompt, a rewritten context)
+    tool_ids: list[list[int]] | None = None
+    #: the ids the first call sent, where they are not the group's prompt ``input_ids``
+    prompt_ids: list[int] | None = None
 
     def versions(self) -> list[int]:
         """The policy version of each output token."""

@@ -91,12 +91,14 @@ def trivial_prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:
 
 
 def write_up_farm(path: Path, name: str, state: Path, *, rollout: str, slots: int,
-                  metrics_port: int, extra: str = "", step_ms_per_request: float = 0.0) -> Path:
-    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding."""
+                  metrics_port: int, extra: str = "", step_ms_per_request: float = 0.0,
+                  engine: str = "") -> Path:
+    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding;
+    *engine*: more ``[engine]`` lines."""
     path.write_text(f'[farm]\nname = "{name}"\nstate_dir = "{state}"\n'
                     f"[rollout]\n{rollout}\n{extra}"
                     f"[engine]\nreplicas = 2\nslots_per_replica = {slots}\nstep_ms = 0.5\n"
-                    f"step_ms_per_request = {step_ms_per_request}\n"
+                    f"step_ms_per_request = {step_ms_per_request}\n{engine}"
                     f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
     return path
 
@@ -371,5 +373,5 @@ def finish_all(client: RolloutClient,
         ledger.start(aid, "w", "r", "b", 30)
         result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
                                version_runs=list(versions), finish_reason="length",
-                               reward=float(a.m))
+                               reward=float(a.m), tool_ids=[])
         ledger.finish(aid, a.m, encode_result(result), output_tokens=3)

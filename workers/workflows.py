@@ -5,6 +5,12 @@ times (a multi-turn workflow may run tool steps between calls); the context adds
 rid, the episode's seed and the pause handling, and records every output token with
 its policy version. The workflow returns the reward (or None).
 
+The context keeps the member's transcript: a call without ``input_ids`` or ``text``
+sends the context so far (the prompt, then each turn's output and the tool output
+given to ``ctx.tool``). A call that sends its own ``input_ids`` extending that context
+records the extension as tool output; one that sends anything else rewrites the context,
+and the member then has no single token sequence to train on (its result says so).
+
 Built in: ``controlled_length`` (member m produces exactly ``member_lengths[m]`` tokens,
 ``ignore_eos``; the count is checked), ``controlled_turns`` (member m runs the turns of
 ``member_turns[m]``: exact generated tokens, a tool wait holding the slot, tool output
@@ -38,6 +44,7 @@ from queue_rollout.engines.sglang import Generation, episode_seed
 from queue_rollout.engines.sim_model import token_ids
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
+from queue_rollout.transcript import Transcript
 
 #: One model call as the worker makes it: (turn, input ids, text, sampling params) ->
 #: the generation and the policy versions of its tokens as (version, count) runs.
@@ -73,15 +80,23 @@ class EpisodeContext:
     tool_after: list[float] = field(default_factory=list)  # tool seconds after each call
     #: how a tool wait holds the slot (the worker's: recorded in the ledger, stoppable)
     tool_wait: Callable[[float], None] = field(default=time.sleep, repr=False)
+    #: the member's context, token ids or text (None before the first call)
+    transcript: Transcript[Any] | None = None
+    rewritten: bool = False  # a call sent a context that does not extend the transcript
 
     def generate(self, *, input_ids: list[int] | None = None, text: str | None = None,
                  **sampling_overrides: Any) -> Generation:
-        """One model call: the episode's seed (turn-specific after the first), the
+        """One model call, sending *input_ids* or *text*, else the context so far (at
+        first the prompt): the episode's seed (turn-specific after the first), the
         workflow's sampling params; output recorded with its versions."""
+        transcript = self._follow(input_ids if input_ids is not None else text)
+        sent = transcript.context
         params = {**self.sampling, **self.engine_params, **sampling_overrides,
                   "sampling_seed": self.seed if self.turns == 0 else
                   episode_seed(self.seed, "turn", self.turns)}
-        gen, version_runs = self.generate_call(self.turns, input_ids, text, params)
+        ids, txt = (list(sent), None) if isinstance(sent, list) else (None, sent)
+        gen, version_runs = self.generate_call(self.turns, ids, txt, params)
+        transcript.output(list(gen.output_ids) if ids is not None else gen.text)
         self.turns += 1
         self.output_ids += gen.output_ids
         self.logprobs += gen.logprobs
@@ -96,9 +111,46 @@ class EpisodeContext:
         self.tool_after.append(0.0)
         return gen
 
-    def tool(self, seconds: float) -> None:
+    def _follow(self, given: list[int] | str | None) -> Transcript[Any]:
+        """The transcript brought up to what the next call sends (its context)."""
+        t = self.transcript
+        if t is not None and given is None:
+            return t
+        if given is None:
+            given = prompt_context(self.prompt)
+        if t is not None and type(given) is type(t.context) and \
+                given[:len(t.context)] == t.context:
+            if len(given) > len(t.context):  # what ran between the turns
+                t.tool(given[len(t.context):])
+            return t
+        self.rewritten = t is not None
+        self.transcript = Transcript(list(given) if isinstance(given, list) else given)
+        return self.transcript
+
+    def tool_ids(self) -> list[list[int]] | None:
+        """The tool tokens between consecutive turns; None unless every call sent token
+        ids extending the one before (a text prompt, or a rewritten context)."""
+        t = self.transcript
+        if t is None or self.rewritten or not isinstance(t.context, list):
+            return None
+        return [list(x) for x in t.tools[:-1]]
+
+    def sent_prompt(self) -> list[int] | None:
+        """The token ids of the first call's context (None for text)."""
+        t = self.transcript
+        if t is None or self.rewritten or not isinstance(t.context, list):
+            return None
+        return list(t.context[:t.prompt_len])
+
+    def tool(self, seconds: float, output: list[int] | str | None = None) -> None:
         """A tool runs for *seconds* between turns: the episode keeps its slot and
-        nothing generates."""
+        nothing generates. Its *output* (token ids, or text for a text context) joins
+        the context the next call sends."""
+        if output:
+            if self.transcript is None or type(output) is not type(self.transcript.context):
+                raise TypeError("tool output must be of the context's kind (ids or text), "
+                                "after a call")
+            self.transcript.tool(output)
         if seconds > 0:
             self.tool_wait(seconds)
             self.tool_seconds.append(seconds)
@@ -123,10 +175,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def prompt_input(prompt: dict[str, Any]) -> dict[str, Any]:
+def prompt_context(prompt: dict[str, Any]) -> list[int] | str:
+    """What a prompt's first call sends: its ``input_ids``, else its ``prompt`` text."""
     if "input_ids" in prompt:
-        return {"input_ids": prompt["input_ids"]}
-    return {"text": prompt["prompt"]}
+        return list(prompt["input_ids"])
+    return str(prompt.get("prompt", ""))
 
 
 class ControlledLength:
@@ -149,7 +202,7 @@ class ControlledLength:
             raise EpisodeFailed(
                 f"prompt {ctx.prompt.get('id')!r} has no member_lengths[{ctx.member}]")
         want = int(lengths[ctx.member])
-        gen = ctx.generate(**prompt_input(ctx.prompt), max_new_tokens=want, ignore_eos=True)
+        gen = ctx.generate(max_new_tokens=want, ignore_eos=True)
         if gen.completion_tokens != want or len(ctx.output_ids) != want:
             raise EpisodeFailed(f"produced {len(ctx.output_ids)} tokens, expected {want}")
         return None
@@ -175,22 +228,17 @@ class ControlledTurns:
 
     def run(self, ctx: EpisodeContext) -> float | None:
         turns, harness_error, reward = member_spec(ctx.prompt, ctx.member)
-        ids = list(ctx.prompt["input_ids"]) if "input_ids" in ctx.prompt else None
-        text = None if ids is not None else str(ctx.prompt.get("prompt", ""))
+        ids = "input_ids" in ctx.prompt
         for turn in turns:
             want = int(turn["gen"])
-            gen = (ctx.generate(input_ids=ids, max_new_tokens=want, ignore_eos=True)
-                   if ids is not None else
-                   ctx.generate(text=text, max_new_tokens=want, ignore_eos=True))
+            gen = ctx.generate(max_new_tokens=want, ignore_eos=True)
             if len(gen.output_ids) != want:
                 raise EpisodeFailed(f"turn {ctx.turns}: produced {len(gen.output_ids)} "
                                     f"tokens, expected {want}")
-            ctx.tool(float(turn.get("tool_s", 0)))
             tool_tokens = int(turn.get("tool_tokens", 0))
-            if ids is not None:
-                ids += gen.output_ids + tool_output(ctx.seed, ctx.turns, tool_tokens)
-            else:
-                text = (text or "") + gen.text + TOOL_TEXT * tool_tokens
+            ctx.tool(float(turn.get("tool_s", 0)),
+                     tool_output(ctx.seed, ctx.turns, tool_tokens) if ids
+                     else TOOL_TEXT * tool_tokens)
         if harness_error:
             ctx.finish_reason = "harness_error"
             return 0.0
@@ -304,7 +352,7 @@ class Math:
         return None
 
     def run(self, ctx: EpisodeContext) -> float | None:
-        ctx.generate(**prompt_input(ctx.prompt))
+        ctx.generate()
         return 1.0 if answers_match(extract_answer("".join(ctx.texts)),
                                     ctx.prompt.get("answer")) else 0.0
 

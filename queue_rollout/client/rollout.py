@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from queue_rollout.client.prompts import check_prompt, farm_needs, known_ids_refusal
+from queue_rollout.client.training import TrainingBatch, training_view
 from queue_rollout.config import Config, load_config
 from queue_rollout.errors import BadInput, BarrierTimeout, BatchReleased, RedisUnavailable
 from queue_rollout.ledger.connection import (
@@ -62,6 +63,10 @@ class Member:
     finish_reason: str
     error: str = ""
     turn_lengths: list[int] = field(default_factory=list)  # output tokens of each turn
+    #: the tool tokens between consecutive turns (None: not a sequence of token ids)
+    tool_ids: list[list[int]] | None = None
+    #: the ids its first call sent, where not the group's prompt ``input_ids``
+    prompt_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Group:
     id: str
     prompt: dict[str, Any]
     members: list[Member]
+    #: the policy version the group was admitted under (its staleness counts from it)
+    version: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,11 @@ class Batch:
         return [[[current_version - v <= max_staleness for v in m.versions] for m in g.members]
                 for g in self.groups]
 
+    def training_view(self, current_version: int, max_staleness: int) -> TrainingBatch:
+        """Each member over the positions of its whole sequence, in the token space the
+        model saw (see :mod:`queue_rollout.client.training`)."""
+        return training_view(self, current_version, max_staleness)
+
 
 def stand_in_training(seconds: float) -> Callable[[Batch], None]:
     """A training step that only takes *seconds* (the demo's and the benchmarks' fixed
@@ -96,31 +108,43 @@ def stand_in_training(seconds: float) -> Callable[[Batch], None]:
 
 
 class RolloutClient:
-    def __init__(self, ledger: Ledger, config: Config, consumer: str = "trainer-0") -> None:
+    def __init__(self, ledger: Ledger, config: Config, consumer: str = "trainer-0", *,
+                 tokenize: Callable[[str], list[int]] | None = None) -> None:
         self.ledger = ledger
         self.config = config
         self.consumer = consumer
+        #: text -> the token ids the replicas' engine makes of it (for SGLang: the model
+        #: tokenizer's ``encode``); given, a text prompt is submitted as its ids
+        self.tokenize = tokenize
         self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease)
         self._received: dict[str, list[str]] = {}  # batch id -> group ids, not yet acked
         self._trained: OrderedDict[str, None] = OrderedDict()  # groups passed to ack()
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | Config | None = None,
-                    consumer: str = "trainer-0") -> RolloutClient:
+                    consumer: str = "trainer-0", *,
+                    tokenize: Callable[[str], list[int]] | None = None) -> RolloutClient:
         config = (path_or_config if isinstance(path_or_config, Config)
                   else load_config(path_or_config))
-        return cls(Ledger.from_config(connect_config(config), config), config, consumer)
+        return cls(Ledger.from_config(connect_config(config), config), config, consumer,
+                   tokenize=tokenize)
 
     def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
         """Validate and enqueue prompts, all or none; returns how many. A prompt must
         also carry what the farm's workflow needs (``member_lengths`` for
         ``controlled_length``, ``answer`` for ``math``, a plugin's ``prompt_fields``):
-        BadInput names the first one that does not, by index and id."""
+        BadInput names the first one that does not, by index and id. With a
+        ``tokenize`` function, a prompt's ``prompt`` text is replaced by the ``input_ids``
+        it makes (the replicas are sent those, and a trainer gets them back)."""
         checked = []
         seen: dict[str, str] = {}  # id -> where it was given
         needs = farm_needs(self.config)
         for i, prompt in enumerate(prompts):
             where = f"prompt #{i}"
+            if (self.tokenize is not None and "input_ids" not in prompt
+                    and isinstance(prompt_text := prompt.get("prompt"), str)):
+                prompt = {k: v for k, v in prompt.items() if k != "prompt"}
+                prompt["input_ids"] = list(self.tokenize(prompt_text))
             pid, raw = check_prompt(prompt, max_bytes=self.config.limits.max_prompt_bytes,
                                     where=where, needs=needs)
             if pid in seen:
@@ -187,8 +211,9 @@ class RolloutClient:
                 members.append(Member(m, [], [], [], None, "failed", str(exc)))
                 continue
             members.append(Member(m, r.output_ids, r.logprobs, r.versions(), r.reward,
-                                  r.finish_reason, r.error, r.turn_lengths))
-        return Group(group_id, json.loads(prompt) if prompt else {}, members)
+                                  r.finish_reason, r.error, r.turn_lengths, r.tool_ids,
+                                  r.prompt_ids))
+        return Group(group_id, json.loads(prompt) if prompt else {}, members, record.version)
 
     def ack(self, batch: Batch) -> None:
         """The batch was trained on: its groups are consumed and their results deleted.

@@ -53,6 +53,7 @@ from queue_rollout.engines.sim_model import (
 from queue_rollout.engines.tokens import Tokens
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.group_shapes import member_shape
+from queue_rollout.transcript import Transcript
 from queue_rollout.virtual.clock import ManualClock
 
 _EPS = 1e-9
@@ -69,7 +70,8 @@ class _Placed:
     turns: list[Turn]
     replica: int = 0
     turn: int = 0  # the turn in flight or the one whose tool runs
-    context: Tokens = field(default_factory=Tokens)  # what the next turn's request carries
+    #: its context: ``context`` is what the next turn's request carries
+    transcript: Transcript[Tokens] = field(default_factory=lambda: Transcript(Tokens()))
 
 
 @dataclass
@@ -331,7 +333,7 @@ class SimFarm:
             raise RuntimeError(f"start {aid}: {start.reason}")
         self._placed[aid] = _Placed(start.group_id, start.member,
                                     self.turns[start.group_id][start.member], replica=i,
-                                    context=self._prompt(start.group_id))
+                                    transcript=Transcript(self._prompt(start.group_id)))
         self._episodes_on[i] += 1
         self._send(aid)
 
@@ -340,7 +342,7 @@ class SimFarm:
         p = self._placed[aid]
         rid = turn_rid(aid, p.turn)
         self._touch(p.replica, lambda replica: replica.submit(SimRequest(
-            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.context,
+            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.transcript.context,
             output_ids=_tokens_of(rid), on_done=self._on_done, ignore_eos=self.ignore_eos)))
 
     def _turn_done(self, aid: str) -> bool:
@@ -349,7 +351,7 @@ class SimFarm:
         grows in place: the request that carried it has ended.)"""
         p = self._placed[aid]
         gen, tool_s, _ = p.turns[p.turn]
-        p.context += _tokens_of(turn_rid(aid, p.turn))[:gen]  # a new Tokens
+        p.transcript.output(Tokens.of(_tokens_of(turn_rid(aid, p.turn))[:gen]))
         if p.turn + 1 == len(p.turns):
             return True
         if tool_s > 0:
@@ -361,7 +363,7 @@ class SimFarm:
     def _next_turn(self, aid: str) -> None:
         p = self._placed[aid]
         tool_tokens = p.turns[p.turn][2]
-        p.context += _tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]
+        p.transcript.tool(Tokens.of(_tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]))
         p.turn += 1
         self._send(aid)
 
@@ -483,13 +485,11 @@ class SimFarm:
         self._loaded(r.replica)
         self._admissible = True
         tokens = sum(t[0] for t in r.turns)
-        prompt = self.prompt_tokens.get(r.group_id, 1)
-        contexts = list(itertools.accumulate((t[0] + t[2] for t in r.turns[:-1]),
-                                             initial=prompt))
+        contexts = r.transcript.sent
         answer = self.ledger.finish(
             aid, r.member, b"{}", output_tokens=tokens, turns=len(r.turns),
             tool_seconds=[t[1] for t in r.turns[:-1] if t[1] > 0],
-            shape=member_shape(prompt, [t[0] for t in r.turns], [t[1] for t in r.turns],
+            shape=member_shape(contexts[0], [t[0] for t in r.turns], [t[1] for t in r.turns],
                                contexts))
         if answer.status != "recorded":
             raise RuntimeError(f"finish {aid}: {answer.reason}")
