@@ -10,12 +10,14 @@ machine's own Redis on 6379.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
+from faultfarm import SHARED_REPLICAS, SLOTS, FaultServer, restore
 from hypothesis import settings
 from real_engine.server import INSTALL_HINT, RealServer, find_sglang_python, model
 
@@ -96,6 +98,42 @@ def other_weights_greedy(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
     server = RealServer(python, model(python, seed=1), tmp_path_factory.mktemp("sglang-ref"))
     with server.serving():
         return greedy(SGLangClient(server.url, timeout=120), "reference").output_ids
+
+
+@pytest.fixture(scope="session")
+def shared_replicas(tmp_path_factory: pytest.TempPathFactory,
+                    sglang_interpreter: str) -> Iterator[list[FaultServer]]:
+    """Two real SGLang replicas (seed-0 model, :data:`faultfarm.SLOTS` running requests
+    each), shared by the session's tests of whole farms on real replicas; stopped at the
+    end with no call of the ``sgl_kernel`` stand-in recorded."""
+    python = sglang_interpreter
+    made = [FaultServer(python, model(python, 0), tmp_path_factory.mktemp(f"replica{i}"),
+                        max_running=SLOTS, other_weights=model(python, 1)) for i in range(2)]
+    began = time.monotonic()
+    # one after the other, from this thread: a server dies with the thread that started
+    # it (PR_SET_PDEATHSIG), and two starting at once take as long on 2 cores
+    SHARED_REPLICAS[:] = made
+    try:
+        for server in made:
+            server.start()
+        print(f"\n2 replicas healthy after {time.monotonic() - began:.0f} s", flush=True)
+        yield made
+    finally:
+        for server in made:
+            server.stop()
+        SHARED_REPLICAS.clear()
+    for server in made:
+        assert not server.stand_in_calls(), server.stand_in_calls()
+
+
+@pytest.fixture
+def replicas(shared_replicas: list[FaultServer]) -> list[FaultServer]:
+    """The shared replicas, each serving (started again if a test left it dead), not
+    paused, with the seed-0 weights under the version name SGLang starts with."""
+    for server in shared_replicas:
+        server.ensure_serving()
+        restore(server)
+    return shared_replicas
 
 
 @pytest.fixture(scope="session")

@@ -115,6 +115,24 @@ class Generation:
     tokens: int | None = None
 
 
+#: Episode slots per replica of the two shared replicas (and their
+#: ``--max-running-requests``).
+SLOTS = 8
+#: The two shared replicas while they run (the ``replicas`` fixture's), for a test that
+#: needs their memory to stop them.
+SHARED_REPLICAS: list[FaultServer] = []
+
+
+def restore(server: FaultServer) -> None:
+    """Undo what a weight-update test may have left: the replica resumed and back on its
+    own weights (``default``, the name SGLang gives the weights it started with)."""
+    client = server.client
+    client.resume()
+    info = model_info(server.url)
+    if info.get("model_path") != str(server.model_path) or info.get("weight_version") != "default":
+        client.update_weights_from_disk(str(server.model_path), weight_version="default")
+
+
 def stamp(iso: str) -> float:
     """``time.time()`` of a log's local ISO timestamp."""
     return datetime.fromisoformat(iso).timestamp()
@@ -297,10 +315,11 @@ def mode_line(mode: str, group_size: int, groups_at_once: int) -> str:
 def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: str,
               group_size: int = 4, slots: int = 8, groups_at_once: int = 4, lease: int = 3,
               request: int = 600, max_attempts: int = 3, max_failed_members: int = 0,
-              pause_mode: str = "in_place", engine_extra: str = "") -> Path:
+              pause_mode: str = "in_place", engine_extra: str = "", batch_size: int = 1,
+              max_staleness: int = 1000, workflow: str = "controlled_length") -> Path:
     """A farm config at *path* for SGLang replicas at *urls*: groups of *group_size*,
-    batches of one group, leases of *lease* s, state beside it; *engine_extra* adds
-    ``[engine]`` lines (``node``'s model and launch arguments)."""
+    batches of *batch_size* groups, leases of *lease* s, state beside it; *engine_extra*
+    adds ``[engine]`` lines (``node``'s model and launch arguments)."""
     path.write_text(textwrap.dedent(f"""\
         [farm]
         name = "{name}"
@@ -308,9 +327,9 @@ def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: s
         state_dir = "{path.parent / 'state'}"
         [rollout]
         group_size = {group_size}
-        batch_size = 1
+        batch_size = {batch_size}
         {mode_line(mode, group_size, groups_at_once)}
-        max_staleness = 1000
+        max_staleness = {max_staleness}
         max_attempts = {max_attempts}
         [timeouts]
         lease = {lease}
@@ -322,7 +341,7 @@ def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: s
         [acceptance]
         max_failed_members = {max_failed_members}
         [workflow]
-        name = "controlled_length"
+        name = "{workflow}"
         [engine]
         kind = "sglang"
         urls = {json.dumps(urls)}

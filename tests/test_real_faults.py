@@ -44,6 +44,7 @@ import msgspec
 import pytest
 from faultfarm import (
     REQUEST_LOG_ARGS,
+    SHARED_REPLICAS,
     Consumed,
     FaultServer,
     NodeReplica,
@@ -60,6 +61,7 @@ from faultfarm import (
     model_info,
     overlapping,
     record,
+    restore,
     serves,
     settled,
     stamp,
@@ -79,7 +81,6 @@ from testkit import alive, free_ports, process_tree, wait_for
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(600)]
 
 G = 4  # members per group
-SLOTS = 8  # episode slots per replica (and the replica's --max-running-requests)
 MODES = ["group", "sample"]
 #: Members' lengths, rotated by group: a few hundred to 1,200 tokens (8 running
 #: requests decode at ~50-80 tokens/s each here, so the long ones run 15-25 s).
@@ -89,8 +90,6 @@ WAVE_LENGTHS = (200, 500, 900, 500)
 #: How long the doubt measurement leaves a killed replica down before starting it
 #: again (its start takes another 30-40 s, down all the same).
 DOWN_S = float(os.environ.get("QUEUE_ROLLOUT_FAULT_DOWN_S", "20"))
-
-_shared: list[FaultServer] = []  # the module's replicas, for the node test to stop
 
 
 def assignment(prefix: str, groups: int,
@@ -107,52 +106,6 @@ def prompts(lengths: dict[str, list[int]]) -> list[dict[str, Any]]:
 
 
 # -- replicas ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory,
-            sglang_interpreter: str) -> Iterator[list[FaultServer]]:
-    """Two real SGLang replicas (seed-0 model, 8 running requests each), shared by the
-    module's `up` tests; stopped at the end with no call of the ``sgl_kernel`` stand-in
-    recorded."""
-    python = sglang_interpreter
-    made = [FaultServer(python, model(python, 0), tmp_path_factory.mktemp(f"replica{i}"),
-                        max_running=SLOTS, other_weights=model(python, 1)) for i in range(2)]
-    began = time.monotonic()
-    # one after the other, from this thread: a server dies with the thread that started
-    # it (PR_SET_PDEATHSIG), and two starting at once take as long on 2 cores
-    _shared[:] = made
-    try:
-        for server in made:
-            server.start()
-        print(f"\n2 replicas healthy after {time.monotonic() - began:.0f} s", flush=True)
-        yield made
-    finally:
-        for server in made:
-            server.stop()
-        _shared.clear()
-    for server in made:
-        assert not server.stand_in_calls(), server.stand_in_calls()
-
-
-@pytest.fixture
-def replicas(servers: list[FaultServer]) -> list[FaultServer]:
-    """The shared replicas, each serving (started again if a test left it dead), not
-    paused, with the seed-0 weights under the version name SGLang starts with."""
-    for server in servers:
-        server.ensure_serving()
-        restore(server)
-    return servers
-
-
-def restore(server: FaultServer) -> None:
-    """Undo what a weight-update test may have left: the replica resumed and back on its
-    own weights (``default``, the name SGLang gives the weights it started with)."""
-    client = server.client
-    client.resume()
-    info = model_info(server.url)
-    if info.get("model_path") != str(server.model_path) or info.get("weight_version") != "default":
-        client.update_weights_from_disk(str(server.model_path), weight_version="default")
 
 
 def offsets(logs: list[FaultServer]) -> list[int]:
@@ -625,7 +578,7 @@ def test_a_replica_killed_under_node_in_both_modes(tmp_path: Path,
     replica's whole process tree is SIGKILLed with episodes on it: node starts it again
     under a new boot id and restarts its worker, which settles the old boot's attempts
     at once (``replica_restart``); every group comes whole, exactly once."""
-    for server in _shared:  # the `up` tests' replicas: not needed here, memory is
+    for server in SHARED_REPLICAS:  # the `up` tests' replicas: not needed here, memory is
         server.stop()
     python = sglang_interpreter
     redis = EmbeddedRedis(tmp_path / "redis", appendfsync="always", write_url=False)
