@@ -1,13 +1,15 @@
 """GRPO learns through the farm on real SGLang replicas: ``examples/grpo_tiny.py`` runs
 in the SGLang venv (it has torch) against ``queue-rollout up`` on the two shared
-replicas, in each admission mode, with ``max_staleness = 1`` and ``pause_mode =
-"abort"``: every step's weights are loaded by both replicas before the next rollouts,
-the greedy evaluation on held-out prompts rises, and the trainer's own forward pass
-agrees with the replicas' logprobs under the checkpoint each token's version names.
+replicas, with ``max_staleness = 1`` and ``pause_mode = "abort"``: every step's weights
+are loaded by both replicas before the next rollouts, the greedy evaluation on held-out
+prompts rises, the trainer's own forward pass agrees with the replicas' logprobs under
+the checkpoint each token's version names, and the staleness budget held.
 
-``QUEUE_ROLLOUT_GRPO_STEPS`` sets the steps of each run (80 by default);
-``QUEUE_ROLLOUT_GRPO_OUT``, a folder, keeps each run's report there as
-``grpo-MODE.json`` (without the per-sample lists), as the documented runs were made."""
+``QUEUE_ROLLOUT_GRPO_MODES`` names the admission modes to run (``sample`` by default:
+the tier's run; ``sample,group`` for both), ``QUEUE_ROLLOUT_GRPO_STEPS`` the steps of
+each run (80 by default); ``QUEUE_ROLLOUT_GRPO_OUT``, a folder, keeps each run's report
+there as ``grpo-MODE.json`` (without the per-sample lists), as the documented runs were
+made."""
 
 from __future__ import annotations
 
@@ -24,18 +26,20 @@ pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("QUEUE_ROLLOUT_GRPO_STEPS", "80"))
-G, B = 16, 4  # 64 episodes a step on 16 slots: a quarter are in flight at each update
+MODES = os.environ.get("QUEUE_ROLLOUT_GRPO_MODES", "sample").split(",")
+G, B, MAX_STALENESS = 16, 4, 1  # 64 episodes a step on 16 slots
 
 
-@pytest.mark.parametrize("mode", ["sample", "group"])
+@pytest.mark.parametrize("mode", MODES)
 def test_grpo_learns_through_the_farm_on_real_replicas(
         mode: str, tmp_path: Path, replicas: list[FaultServer], sglang_interpreter: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
     farm = UpFarm(tmp_path / "farm", "learn", [s.url for s in replicas], mode,
-                  {"group_size": G, "batch_size": B, "groups_at_once": 2, "max_staleness": 1,
-                   "pause_mode": "abort", "workflow": "grpo_tiny:KeyAnswer", "lease": 10})
+                  {"group_size": G, "batch_size": B, "groups_at_once": 2,
+                   "max_staleness": MAX_STALENESS, "pause_mode": "abort",
+                   "workflow": "grpo_tiny:KeyAnswer", "lease": 10})
     report_path = tmp_path / "report.json"
     with farm.running():
         proc = subprocess.run(
@@ -57,6 +61,14 @@ def test_grpo_learns_through_the_farm_on_real_replicas(
     steps = report["steps"]
     groups = [g for s in steps for g in s["groups"]]
     assert len(groups) == len(set(groups)) == STEPS * B  # whole groups, each once
+    # the staleness budget (I2) held: counting from the warm start's version v0 (set
+    # before anything was consumed), the groups admitted at versions up to v are at most
+    # (v - v0 + max_staleness + 1) * B; a group's staleness is the version it was
+    # trained under (each row's version before its update) less its admission version
+    v0 = min(map(int, report["checkpoints"]))
+    admitted = sorted(s["version"] - 1 - st for s in steps for st in s["staleness"])
+    assert admitted[0] >= v0
+    assert all(k + 1 <= (v - v0 + MAX_STALENESS + 1) * B for k, v in enumerate(admitted))
     # learning: greedy on 64 held-out prompts, where a policy ignoring the key scores 1/8
     assert report["eval_before"] <= 0.2
     assert report["eval_after"] >= report["eval_before"] + 0.3, report["eval_after"]
