@@ -27,7 +27,7 @@ venv, with queue-rollout installed there) against a farm whose workflow is
 ``grpo_tiny:KeyAnswer`` (its workers import this file: ``PYTHONPATH=examples``)::
 
     PYTHONPATH=examples queue-rollout up -c farm.toml        # the replicas' model: --model
-    python examples/grpo_tiny.py -c farm.toml --model MODEL_DIR --steps 60 --json out.json
+    python examples/grpo_tiny.py -c farm.toml --model MODEL_DIR --steps 100 --json out.json
 
 ``--trainer none`` runs the same loop without torch (nothing is learned; the plumbing
 is checked: shapes, masks, versions), as the fast tests do on simulated replicas.
@@ -340,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="the replicas' model folder (the start)")
     parser.add_argument("--trainer", choices=("torch", "none"), default="torch",
                         help="torch (default), or none: the plumbing only")
-    parser.add_argument("--steps", type=int, default=60, help="GRPO steps (default 60)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's step size")
+    parser.add_argument("--steps", type=int, default=100, help="GRPO steps (default 100)")
+    parser.add_argument("--lr", type=float, default=5e-4,
+                        help="Adam's step size (default 5e-4)")
     parser.add_argument("--seed", type=int, default=0, help="the trainer's seed")
     parser.add_argument("--warm-start-steps", type=int, default=100,
                         help="supervised steps teaching the answer format (default 100)")
