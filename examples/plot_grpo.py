@@ -1,4 +1,5 @@
-"""Reward against step for ``grpo_tiny.py`` reports (``--json``), one line per report,
+"""Reward against step for ``grpo_tiny.py`` and ``trl_grpo_tiny.py`` reports (``--json``),
+one line per report,
 with its greedy evaluation before and after as points; needs matplotlib::
 
     python examples/plot_grpo.py grpo-sample.json grpo-group.json -o grpo-reward.png
@@ -13,7 +14,9 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("reports", type=Path, nargs="+", help="grpo_tiny.py --json reports")
+    parser.add_argument("reports", type=Path, nargs="+",
+                        help="grpo_tiny.py or trl_grpo_tiny.py --json reports")
+    parser.add_argument("--title", default="", help="a title over the plot")
     parser.add_argument("-o", "--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--window", type=int, default=5,
                         help="steps in the moving mean drawn over each line (default 5)")
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_ylabel("reward (share of answer tokens right)")
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7, loc="upper left")
+    if args.title:
+        ax.set_title(args.title, fontsize=9)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -36,7 +36,7 @@ Placement = Literal["any", "group"]
 
 #: The workflows built into the workers (queue_rollout.workers.workflows); any other
 #: ``workflow.name`` is a plugin, ``package.module:factory``.
-BUILT_IN_WORKFLOWS = ("controlled_length", "controlled_turns", "math", "noop")
+BUILT_IN_WORKFLOWS = ("controlled_length", "controlled_turns", "generate", "math", "noop")
 
 
 def load_reference(ref: str, key: str) -> object:

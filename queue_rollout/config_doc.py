@@ -97,10 +97,10 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "acceptance.plugin": ("`package.module:function(group)`: True, or a reason string to "
                           "reject.",
                           "`package.module:function(group)`：返回 True，或拒绝原因字符串。"),
-    "workflow.name": ("Episode workflow: `controlled_length`, `controlled_turns`, `math`, "
-                      "`noop` or `package.module:factory`.",
-                      "episode 工作流：`controlled_length`、`controlled_turns`、`math`、`noop` 或 "
-                      "`package.module:factory`。"),
+    "workflow.name": ("Episode workflow: `controlled_length`, `controlled_turns`, "
+                      "`generate`, `math`, `noop` or `package.module:factory`.",
+                      "episode 工作流：`controlled_length`、`controlled_turns`、`generate`、"
+                      "`math`、`noop` 或 `package.module:factory`。"),
     "workflow.seed": ("Run seed; an episode's sampling seed derives from (seed, prompt id, "
                       "member).", "运行种子；episode 的采样种子由 (seed, 提示 id, 成员) 派生。"),
     "workflow.sampling.temperature": ("SGLang sampling temperature.", "SGLang 采样温度。"),

@@ -93,6 +93,33 @@ def test_the_light_parts_load_no_redis_rq_or_ledger(module):
                         "queue_rollout.engines.sim_server"}, ours
 
 
+def test_the_package_and_its_integrations_import_no_framework():
+    """Where torch, transformers, TRL and SGLang are all installed (SGLang's venv, with
+    this checkout first on the path), importing the package, its client and the TRL
+    integration loads none of them: they load when a trainer uses them."""
+    from real_engine.server import find_sglang_python
+
+    python = find_sglang_python()
+    if python is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no SGLang venv: .ci/run builds one")
+        pytest.skip("no venv with the frameworks (SGLang's) to import them from")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "import queue_rollout\nfrom queue_rollout import RolloutClient\n"
+            "import queue_rollout.integrations.trl\n"
+            "import importlib.util as u\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'sglang', 'areal')\n"
+            "             if u.find_spec(m)))\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', "
+            "'trl', 'sglang', 'areal', 'numpy'}))\n")
+    out = subprocess.run([python, "-I", "-c", code, str(ROOT)], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    installed, loaded = out.stdout.splitlines()
+    assert installed.startswith("['sglang', 'torch', 'transformers', 'trl'")  # there to load
+    assert loaded == "[]"
+
+
 WORK_PLAN = re.compile(r"\[\d+/\d+\]|DESIGN(\.md)? section|DESIGN 第")
 
 

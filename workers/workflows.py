@@ -357,6 +357,15 @@ class Math:
                                     ctx.prompt.get("answer")) else 0.0
 
 
+class Generate:
+    """One generation with ``workflow.sampling``; no reward: the trainer scores it (TRL's
+    reward functions, AReaL's)."""
+
+    def run(self, ctx: EpisodeContext) -> float | None:
+        ctx.generate()
+        return None
+
+
 class NoOp:
     """Calls no replica and returns no reward: the farm's control plane alone (bench)."""
 
@@ -367,6 +376,7 @@ class NoOp:
 BUILT_IN: dict[str, Callable[[], Workflow]] = {
     "controlled_length": ControlledLength,
     "controlled_turns": ControlledTurns,
+    "generate": Generate,
     "math": Math,
     "noop": NoOp,
 }

@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -189,6 +189,44 @@ class RolloutClient:
         return Batch(delivery.batch.id, delivery.batch.version,
                      [self._group(gid) for gid in fresh], delivery.redelivered)
 
+    def get_groups(self, group_ids: Sequence[str], timeout: float | None = None,
+                   max_poll_s: float = MAX_POLL_S) -> Batch:
+        """Wait for the batch of exactly the groups *group_ids*, returned in that order:
+        for a trainer that asks for completions of the prompts it just submitted (a
+        synchronous loop, such as TRL's). The farm delivers whole batches of
+        ``rollout.batch_size`` groups, so *group_ids* are that many ids this trainer
+        submitted, and nobody else submits to the farm meanwhile: a batch holding another
+        group raises BadInput naming it (the batch stays delivered to this consumer,
+        unacknowledged). A batch redelivered to this consumer that holds none of them (a
+        step of an earlier run that never finished) is acknowledged untrained, with a
+        warning. Raises BarrierTimeout after *timeout* seconds."""
+        wanted = list(group_ids)
+        b = self.config.rollout.batch_size
+        if len(wanted) != b or len(set(wanted)) != b:
+            raise BadInput(f"get_groups takes rollout.batch_size = {b} distinct group ids "
+                           f"(a batch's worth), not {len(wanted)}"
+                           + (" with repeats" if len(set(wanted)) != len(wanted) else ""))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            batch = self.get_batch(left, max_poll_s)
+            got = {g.id: g for g in batch.groups}
+            if set(got) == set(wanted):
+                return Batch(batch.id, batch.version, [got[gid] for gid in wanted],
+                             batch.redelivered)
+            if batch.redelivered and not set(got) & set(wanted):
+                log.warning("batch %s (groups %s) was delivered to consumer %s before and "
+                            "never acknowledged, a step that did not finish: acknowledged "
+                            "untrained", batch.id, ", ".join(sorted(got)), self.consumer)
+                self.ack(batch)
+                continue
+            others = sorted(set(got) - set(wanted))
+            missing = sorted(set(wanted) - set(got))
+            raise BadInput(f"batch {batch.id} holds groups not asked for ({', '.join(others)}) "
+                           f"in place of {', '.join(missing)}: another trainer submits to "
+                           f"this farm, or consumer {self.consumer!r} is shared; it stays "
+                           "delivered to this consumer, unacknowledged")
+
     def _pop_batch(self) -> Delivery | None:
         try:
             return self.ledger.pop_batch(self.consumer)
@@ -273,13 +311,20 @@ class RolloutClient:
         policy version, resume. Raises naming the workers that failed or did not answer
         (the farm then stays paused)."""
         self.pause()
+        self.load_weights(model_path, version)
+        self.set_version(version)
+        self.resume()
+
+    def load_weights(self, model_path: str, version: int) -> None:
+        """Have every live worker load *model_path* into its replica, named *version*,
+        and return once all did; the step of :meth:`update_weights` for a trainer that
+        pauses, sets the version and resumes itself (AReaL's order). Call it paused.
+        Raises naming the workers that failed or did not answer."""
         epoch = self.registry.request_weights(model_path, version)
         answers = self._await_acks("weight update", "weights", epoch)
         failed = [f"{w} ({a.error})" for w, a in answers.items() if not a.ok]
         if failed:
             raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")
-        self.set_version(version)
-        self.resume()
 
     def train_step(self, batch: Batch, train: Callable[[Batch], T], *, pause: bool = True,
                    weights: Callable[[int], str | None] | None = None) -> T:

@@ -160,8 +160,8 @@ def test_bad_names_and_plugins_are_refused():
 
 @pytest.mark.parametrize("section,ref,message", [
     ("workflow", "name = \"nope\"", "workflow.name: 'nope' is neither a built-in "
-                                    "(controlled_length, controlled_turns, math, noop) nor "
-                                    "package.module:factory"),
+                                    "(controlled_length, controlled_turns, generate, math, "
+                                    "noop) nor package.module:factory"),
     ("workflow", "name = \"no_such_module_here:factory\"",
      "workflow.name: cannot load 'no_such_module_here:factory': ModuleNotFoundError"),
     ("workflow", "name = \"json:no_such_name\"", "workflow.name: cannot load "

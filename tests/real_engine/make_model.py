@@ -1,7 +1,7 @@
 """Make a tiny random Qwen2 model and a byte-level BPE tokenizer for the real-engine tier.
 
 Runs in the SGLang venv (it has torch, transformers and tokenizers), never in the
-project's: ``python make_model.py OUT_DIR --seed N [--max-positions P]``. Nothing is
+project's: ``python make_model.py OUT_DIR --seed N [--max-positions P] [--vocab V]``. Nothing is
 downloaded: the tokenizer is trained on the Python standard library's own sources, the
 weights are random from *seed* (another seed gives the weights a weight update loads).
 Writes OUT_DIR/DONE last, so a half-made model is never taken for a finished one.
@@ -48,12 +48,12 @@ def make_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def make_weights(out: Path, seed: int, max_positions: int) -> None:
+def make_weights(out: Path, seed: int, max_positions: int, vocab: int) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
+    config = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=max_positions, tie_word_embeddings=True,
                          bos_token_id=0, eos_token_id=0, pad_token_id=0,
@@ -67,9 +67,12 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-positions", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=VOCAB,
+                        help="rows of the embedding (the tokenizer keeps its 2048 tokens; a "
+                             "larger model takes the simulated replica's token ids)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    make_weights(args.out, args.seed, args.max_positions)
+    make_weights(args.out, args.seed, args.max_positions, max(args.vocab, VOCAB))
     make_tokenizer(args.out)
     (args.out / "DONE").write_text(f"seed {args.seed}\n")
 

@@ -48,12 +48,15 @@ def find_sglang_python() -> str | None:
     return python if probe.returncode == 0 else None
 
 
-def model(python: str, seed: int, max_positions: int = 4096) -> Path:
-    """The tiny model of *seed* (made once, kept in the cache)."""
-    out = CACHE / "models" / f"qwen2-tiny-s{seed}-p{max_positions}"
+def model(python: str, seed: int, max_positions: int = 4096, vocab: int = 0) -> Path:
+    """The tiny model of *seed* (made once, kept in the cache); *vocab*: rows of its
+    embedding where more than its tokenizer's 2048 (the simulated replica's ids)."""
+    out = CACHE / "models" / (f"qwen2-tiny-s{seed}-p{max_positions}"
+                              + (f"-v{vocab}" if vocab else ""))
     if not (out / "DONE").exists():
         subprocess.run([python, str(HERE / "make_model.py"), str(out), "--seed", str(seed),
-                        "--max-positions", str(max_positions)], check=True,
+                        "--max-positions", str(max_positions),
+                        *(["--vocab", str(vocab)] if vocab else [])], check=True,
                        capture_output=True)
     return out
 

@@ -104,6 +104,18 @@ def test_math_reward_follows_the_answer(r, fast):
     assert rewards == {"right": [1.0, 1.0], "wrong": [0.0, 0.0]}
 
 
+def test_generate_runs_one_call_with_the_sampling_params_and_leaves_the_reward_to_the_trainer(
+        r, fast):
+    config = make_config(workflow={"name": "generate",
+                                   "sampling": {"max_new_tokens": 6, "ignore_eos": True}})
+    ledger, [adm] = setup(r, config, [{"id": "p", "input_ids": [5, 6, 7]}])
+    runner = runner_for(ledger, config, fast.url)
+    assert [runner.run(aid) for aid in adm.attempt_ids] == ["finished", "finished"]
+    results = [decode_result(ledger.result("p", m), 1 << 20) for m in range(2)]
+    assert [(len(x.output_ids), x.reward, x.turns) for x in results] == [(6, None, 1)] * 2
+    assert results[0].output_ids != results[1].output_ids  # members sample apart
+
+
 def test_extract_answer():
     assert extract_answer(r"so \boxed{\frac{1}{2}} and then \boxed{7}") == "7"
     assert extract_answer(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"

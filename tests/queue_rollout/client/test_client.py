@@ -60,6 +60,43 @@ def test_stale_token_mask(farm_toml):
     assert batch.stale_token_mask(current_version=3, max_staleness=3)[0][0] == [True] * 3
 
 
+def test_get_groups_returns_the_asked_groups_in_order_and_refuses_others(farm_toml, caplog):
+    """A synchronous trainer waits for the groups it submitted: in its order; another
+    submitter's groups are refused by name; a restarted trainer's unfinished step
+    (redelivered, none of the asked groups) is acknowledged untrained."""
+    client = RolloutClient.from_config(farm_toml, consumer="t0")
+    collector = Collector(client.ledger, client.config, name="c")
+
+    def run(*ids: str) -> None:
+        client.submit([prompt(i) for i in ids])
+        collector.step()
+        finish_all(client)
+        collector.step()
+
+    with pytest.raises(BadInput, match="2 distinct group ids"):
+        client.get_groups(["q0"])
+    with pytest.raises(BadInput, match="with repeats"):
+        client.get_groups(["q0", "q0"])
+    run("q0", "q1")
+    batch = client.get_groups(["q1", "q0"], timeout=5)
+    assert [g.id for g in batch.groups] == ["q1", "q0"]
+    assert [g.prompt["id"] for g in batch.groups] == ["q1", "q0"]
+    client.ack(batch)
+    run("x0", "x1")  # another trainer's
+    with pytest.raises(BadInput, match=r"groups not asked for \(x0, x1\) in place of q2, q3"):
+        client.get_groups(["q2", "q3"], timeout=5)
+    restarted = RolloutClient.from_config(farm_toml, consumer="t0")
+    run("q2", "q3")
+    with caplog.at_level("WARNING"):
+        batch = restarted.get_groups(["q3", "q2"], timeout=5)
+    assert [g.id for g in batch.groups] == ["q3", "q2"]
+    assert "acknowledged untrained" in caplog.text
+    restarted.ack(batch)
+    assert client.ledger.counters()["consumed"] == 6
+    with pytest.raises(BarrierTimeout):
+        restarted.get_groups(["q4", "q5"], timeout=0.1)
+
+
 def test_submit_refuses_bad_and_duplicate_prompts_whole(farm_toml):
     client = RolloutClient.from_config(farm_toml)
     with pytest.raises(BadInput, match="prompt #1"):
