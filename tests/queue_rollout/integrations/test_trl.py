@@ -123,3 +123,30 @@ def test_grpo_trainer_runs_on_a_farm_of_simulated_replicas(tmp_path, monkeypatch
         assert s["rows"] == [f"{s['groups'][i // G]}/{i % G}" for i in range(G * B)]
         assert Path(s["path"], "model.safetensors").exists()
     assert report["reward_disagreements"] == 0  # the farm's workflow scored the same rows
+
+
+def test_prompts_are_tokenized_as_trl_tokenizes_them():
+    """Text through the tokenizer's call, a conversation through its chat template with
+    the trainer's template and its keyword arguments, as TRL's own generation does."""
+    from queue_rollout.integrations.trl import tokenized
+
+    calls: list[tuple[str, Any]] = []
+
+    class Tokenizer:
+        def __call__(self, text: list[str]) -> dict[str, list[list[int]]]:
+            calls.append(("text", text))
+            return {"input_ids": [[1, 2, 3]]}
+
+        def apply_chat_template(self, **kwargs: Any) -> dict[str, list[list[int]]]:
+            calls.append(("chat", kwargs))
+            return {"input_ids": [[4, 5]]}
+
+    t = trainer(processing_class=Tokenizer(), chat_template="T",
+                chat_template_kwargs={"enable_thinking": False})
+    assert tokenized("hi", t) == {"input_ids": [1, 2, 3]}
+    chat = [{"role": "user", "content": "hi"}]
+    assert tokenized(chat, t) == {"input_ids": [4, 5]}
+    assert calls[0] == ("text", ["hi"])
+    assert calls[1][1] == {"conversation": [chat], "chat_template": "T",
+                           "add_generation_prompt": True, "tokenize": True,
+                           "return_dict": True, "enable_thinking": False}
