@@ -76,9 +76,13 @@ def test_grpo_learns_through_the_farm_on_real_replicas(
     # with the replicas' logprobs (bf16), and not with the checkpoint after
     assert report["logprob_diff"] < 0.05
     assert report["logprob_diff_wrong"] > 3 * report["logprob_diff"]
-    if mode == "sample":  # refill: episodes span weight updates, two versions each, and
-        # a group that finished late holds tokens older than the window, masked (the
-        # example checked each step's mask against the versions the replicas named)
+    if mode == "sample":  # refill: episodes span weight updates, two versions each
         episodes = sum(s["episodes"] for s in steps)
         assert sum(s["spanning"] for s in steps) >= 0.1 * episodes
-        assert sum(s["masked"] for s in steps) > 0
+    # the stale mask: the example checked each step's mask against the versions the
+    # replicas named; tokens are masked only in a step that trained a group older than
+    # the window (one that finished late: under refill, in some runs and not others)
+    for s in steps:
+        assert s["masked"] == 0 or max(s["staleness"]) > MAX_STALENESS, s
+    print(f"masked {sum(s['masked'] for s in steps)} of {sum(s['produced'] for s in steps)} "
+          "produced tokens")
