@@ -262,6 +262,16 @@ def recompute(samples: list[dict[str, Any]], checkpoints: dict[int, Path],
     return statistics.fmean(diffs) if diffs else math.nan
 
 
+def check_versions(report: dict[str, Any], samples: list[dict[str, Any]],
+                   checkpoints: dict[int, Path]) -> None:
+    """Into *report*: :func:`recompute` under each token's checkpoint
+    (``logprob_diff``) and under the one after (``logprob_diff_wrong``)."""
+    report["logprob_diff"] = recompute(samples, checkpoints)
+    report["logprob_diff_wrong"] = recompute(samples, checkpoints, shift=1)
+    print(f"logprob |rollout - recomputed| per token: {report['logprob_diff']:.4f} "
+          f"(the checkpoint after: {report['logprob_diff_wrong']:.4f})", flush=True)
+
+
 # -- the loop -----------------------------------------------------------------------------
 
 def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
@@ -334,12 +344,8 @@ def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-c", "--config", required=True, help="the farm's TOML config")
-    parser.add_argument("--model", type=Path, help="the replicas' model folder (the start)")
-    parser.add_argument("--trainer", choices=("torch", "none"), default="torch",
-                        help="torch (default), or none: the plumbing only")
+def run_options(parser: argparse.ArgumentParser) -> None:
+    """The options a run of the task takes, with this trainer or TRL's."""
     parser.add_argument("--steps", type=int, default=100, help="GRPO steps (default 100)")
     parser.add_argument("--lr", type=float, default=5e-4,
                         help="Adam's step size (default 5e-4)")
@@ -354,6 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-versions", action="store_true",
                         help="after the run, recompute each produced token's logprob under "
                              "the checkpoint its version names, and under the one after")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-c", "--config", required=True, help="the farm's TOML config")
+    parser.add_argument("--model", type=Path, help="the replicas' model folder (the start)")
+    parser.add_argument("--trainer", choices=("torch", "none"), default="torch",
+                        help="torch (default), or none: the plumbing only")
+    run_options(parser)
     args = parser.parse_args(argv)
     if args.trainer == "torch" and args.model is None:
         parser.error("--model is needed with --trainer torch")
@@ -369,11 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = time.monotonic() - started
     report["admission"] = client.config.rollout.mode
     if args.check_versions:
-        checkpoints = {int(v): Path(p) for v, p in report["checkpoints"].items()}
-        report["logprob_diff"] = recompute(report["samples"], checkpoints)
-        report["logprob_diff_wrong"] = recompute(report["samples"], checkpoints, shift=1)
-        print(f"logprob |rollout - recomputed| per token: {report['logprob_diff']:.4f} "
-              f"(the checkpoint after: {report['logprob_diff_wrong']:.4f})", flush=True)
+        check_versions(report, report["samples"],
+                       {int(v): Path(p) for v, p in report["checkpoints"].items()})
     if args.json:
         args.json.write_text(json.dumps(report))
     return 0

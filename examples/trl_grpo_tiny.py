@@ -35,7 +35,8 @@ from grpo_tiny import (
     LONG_SHARE,
     LONG_TOKENS,
     TorchTrainer,
-    recompute,
+    check_versions,
+    run_options,
     score,
     task_prompts,
 )
@@ -82,19 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--config", required=True, help="the farm's TOML config")
     parser.add_argument("--model", type=Path, required=True,
                         help="the replicas' model folder (the start)")
-    parser.add_argument("--steps", type=int, default=100, help="TRL steps (default 100)")
-    parser.add_argument("--lr", type=float, default=5e-4, help="step size (default 5e-4)")
-    parser.add_argument("--seed", type=int, default=0, help="the trainer's seed")
-    parser.add_argument("--warm-start-steps", type=int, default=100,
-                        help="supervised steps teaching the answer format (default 100)")
-    parser.add_argument("--eval-prompts", type=int, default=64,
-                        help="held-out prompts for the greedy evaluation (default 64)")
-    parser.add_argument("--checkpoints", type=Path, help="where weights go (default: a temp dir)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for a batch")
-    parser.add_argument("--json", type=Path, help="write the report here")
-    parser.add_argument("--check-versions", action="store_true",
-                        help="after the run, recompute each produced token's logprob under "
-                             "the checkpoint its version names, and under the one after")
+    run_options(parser)
     args = parser.parse_args(argv)
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -183,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if args.check_versions:
         checkpoints.update((s["pushed"], Path(s["path"])) for s in steps)
-        report["logprob_diff"] = recompute(samples, checkpoints)
-        report["logprob_diff_wrong"] = recompute(samples, checkpoints, shift=1)
-        print(f"logprob |rollout - recomputed| per token: {report['logprob_diff']:.4f} "
-              f"(the checkpoint after: {report['logprob_diff_wrong']:.4f})", flush=True)
+        check_versions(report, samples, checkpoints)
     if args.json:
         args.json.write_text(json.dumps(report))
     return 0
