@@ -132,6 +132,7 @@ def check_view(view: TrainingBatch, group_size: int) -> None:
 class Trainer(Protocol):
     def warm_start(self, steps: int, seed: int) -> float: ...
     def step(self, view: TrainingBatch) -> dict[str, float]: ...
+    def step_on(self, t: dict[str, Any]) -> dict[str, float]: ...
     def save(self, path: Path) -> Path: ...
     def evaluate(self, prompts: list[dict[str, Any]]) -> float | None: ...
 
@@ -145,6 +146,9 @@ class NoTrainer:
     def step(self, view: TrainingBatch) -> dict[str, float]:
         return {"loss": math.nan, "tokens": float(sum(map(sum, (s.loss_mask for s in
                                                                view.samples))))}
+
+    def step_on(self, t: dict[str, Any]) -> dict[str, float]:
+        return {"loss": math.nan, "tokens": float(t["loss_mask"].sum())}
 
     def save(self, path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
@@ -190,8 +194,12 @@ class TorchTrainer:
         return float(loss)
 
     def step(self, view: TrainingBatch) -> dict[str, float]:
+        return self.step_on(view.tensors(pad_id=0))
+
+    def step_on(self, t: dict[str, Any]) -> dict[str, float]:
+        """One GRPO step on padded tensors, as :meth:`TrainingBatch.tensors` lays them out
+        (``stale_mask`` may be absent: nothing masked beyond ``loss_mask``)."""
         torch = self.torch
-        t = view.tensors(pad_id=0)
         rewards = torch.nan_to_num(t["rewards"], nan=0.0)
         advantages = torch.zeros_like(rewards)
         for g in range(int(t["group_index"].max()) + 1):  # group-normalised
@@ -201,7 +209,9 @@ class TorchTrainer:
         logits = self.model(t["input_ids"], attention_mask=t["attention_mask"]).logits
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(
             -1, t["input_ids"][:, 1:, None])[..., 0]
-        mask = (t["loss_mask"] * (1 - t["stale_mask"]))[:, 1:].float()
+        mask = t["loss_mask"][:, 1:].float()
+        if "stale_mask" in t:
+            mask = mask * (1 - t["stale_mask"][:, 1:].float())
         ratio = torch.exp(logp - t["logprobs"][:, 1:])
         a = advantages[:, None]
         per_token = -torch.minimum(ratio * a, ratio.clamp(1 - self.clip, 1 + self.clip) * a)

@@ -1,6 +1,6 @@
-"""Reward against step for ``grpo_tiny.py`` and ``trl_grpo_tiny.py`` reports (``--json``),
-one line per report,
-with its greedy evaluation before and after as points; needs matplotlib::
+"""Reward against step for ``grpo_tiny.py``, ``trl_grpo_tiny.py`` and ``areal_grpo_tiny.py``
+reports (``--json``), one line per report, with its greedy evaluation before and after
+as points; needs matplotlib::
 
     python examples/plot_grpo.py grpo-sample.json grpo-group.json -o grpo-reward.png
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", type=Path, nargs="+",
-                        help="grpo_tiny.py or trl_grpo_tiny.py --json reports")
+                        help="grpo_tiny.py, trl_grpo_tiny.py or areal_grpo_tiny.py --json reports")
     parser.add_argument("--title", default="", help="a title over the plot")
     parser.add_argument("-o", "--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--window", type=int, default=5,

@@ -93,17 +93,21 @@ def test_the_light_parts_load_no_redis_rq_or_ledger(module):
                         "queue_rollout.engines.sim_server"}, ours
 
 
-def test_the_package_and_its_integrations_import_no_framework():
-    """Where torch, transformers, TRL and SGLang are all installed (SGLang's venv, with
-    this checkout first on the path), importing the package, its client and the TRL
+@pytest.mark.parametrize("venv,frameworks", [
+    ("sglang", "['sglang', 'torch', 'transformers', 'trl']"),
+    ("areal", "['areal', 'torch', 'transformers']"),
+])
+def test_the_package_and_its_integrations_import_no_framework(venv, frameworks):
+    """Where the frameworks are installed (SGLang's venv with TRL; AReaL's venv), with
+    this checkout first on the path, importing the package, its client and the TRL
     integration loads none of them: they load when a trainer uses them."""
-    from real_engine.server import find_sglang_python
+    from real_engine.server import find_areal_python, find_sglang_python
 
-    python = find_sglang_python()
+    python = find_sglang_python() if venv == "sglang" else find_areal_python()
     if python is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("no SGLang venv: .ci/run builds one")
-        pytest.skip("no venv with the frameworks (SGLang's) to import them from")
+            pytest.fail(f"no {venv} venv: .ci/run builds one")
+        pytest.skip(f"no venv with the frameworks ({venv}'s) to import them from")
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "import queue_rollout\nfrom queue_rollout import RolloutClient\n"
             "import queue_rollout.integrations.trl\n"
@@ -116,7 +120,7 @@ def test_the_package_and_its_integrations_import_no_framework():
                          text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     installed, loaded = out.stdout.splitlines()
-    assert installed.startswith("['sglang', 'torch', 'transformers', 'trl'")  # there to load
+    assert installed == frameworks  # there to load
     assert loaded == "[]"
 
 

@@ -24,6 +24,8 @@ from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import spawn
 
 SGLANG_VERSION = "0.5.23"
+AREAL_VERSION = "1.0.4"  # AReaL's API modules, in a venv of their own (.ci/run)
+AREAL_PYTHON_ENV = "QUEUE_ROLLOUT_AREAL_PYTHON"
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("QUEUE_ROLLOUT_CACHE", Path.home() / ".cache" / "queue-rollout"))
 STAND_IN = HERE / "stand_in"
@@ -45,6 +47,18 @@ def find_sglang_python() -> str | None:
     if not Path(python).exists():
         return None
     probe = subprocess.run([python, "-c", FIND_SGLANG], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+def find_areal_python() -> str | None:
+    """The Python that has AReaL's API modules and this checkout's package, or None:
+    ``QUEUE_ROLLOUT_AREAL_PYTHON``, else the venv ``.ci/run`` makes in the cache."""
+    python = os.environ.get(AREAL_PYTHON_ENV) or str(
+        CACHE / f"areal-{AREAL_VERSION}" / "bin" / "python")
+    if not Path(python).exists():
+        return None
+    probe = subprocess.run([python, "-c", "import areal.api.engine_api, queue_rollout"],
+                           capture_output=True)
     return python if probe.returncode == 0 else None
 
 
