@@ -48,7 +48,6 @@ from grpo_tiny import (
     run_options,
     score,
     task_prompts,
-    warm_started,
 )
 
 from queue_rollout import RolloutClient
@@ -225,9 +224,16 @@ def main(argv: list[str] | None = None) -> int:
               else NoTrainer())
     # the start: AReaL's servers begin with the actor's weights, named the trainer's step
     start = client.version()
-    checkpoints, eval_prompts, report = warm_started(client, policy, args,
-                                                     root / "weight_update_start", start)
-    report.update(compared=0, differences=[], steps=[])
+    warm_loss = policy.warm_start(args.warm_start_steps, args.seed)
+    checkpoints = {start: policy.save(root / "weight_update_start")}
+    client.update_weights(str(checkpoints[start]), start)
+    eval_prompts = task_prompts(args.eval_prompts, 10_000 + args.seed, "eval")
+    report: dict[str, Any] = {"warm_start_loss": warm_loss, "start_version": start,
+                              "eval_before": policy.evaluate(eval_prompts),
+                              "admission": rollout.mode, "compared": 0, "differences": [],
+                              "steps": []}
+    print(f"warm start: loss {warm_loss:.3f}, v{start} loaded; greedy eval "
+          f"{report['eval_before']}", flush=True)
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     kwargs = workflow_kwargs(tokenizer, sampling.temperature, rollout.group_size)

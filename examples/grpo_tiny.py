@@ -354,24 +354,6 @@ def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
     return report
 
 
-def warm_started(client: RolloutClient, policy: Trainer, args: argparse.Namespace,
-                 path: Path, version: int) -> tuple[dict[int, Path], list[dict[str, Any]],
-                                                    dict[str, Any]]:
-    """The warm start of a framework's trainer: taught, saved to *path* and loaded by
-    every replica as *version*; returns the checkpoints, the held-out prompts and the
-    report's first figures (the greedy evaluation before)."""
-    warm_loss = policy.warm_start(args.warm_start_steps, args.seed)
-    checkpoints = {version: policy.save(path)}
-    client.update_weights(str(path), version)
-    eval_prompts = task_prompts(args.eval_prompts, 10_000 + args.seed, "eval")
-    report: dict[str, Any] = {"warm_start_loss": warm_loss, "start_version": version,
-                              "eval_before": policy.evaluate(eval_prompts),
-                              "admission": client.config.rollout.mode}
-    print(f"warm start: loss {warm_loss:.3f}, v{version} loaded; greedy eval "
-          f"{report['eval_before']}", flush=True)
-    return checkpoints, eval_prompts, report
-
-
 def run_options(parser: argparse.ArgumentParser) -> None:
     """The options a run of the task takes, with this trainer or TRL's."""
     parser.add_argument("--steps", type=int, default=100, help="GRPO steps (default 100)")

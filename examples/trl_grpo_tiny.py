@@ -39,7 +39,6 @@ from grpo_tiny import (
     run_options,
     score,
     task_prompts,
-    warm_started,
 )
 
 from queue_rollout import RolloutClient
@@ -96,9 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     rollout, sampling = client.config.rollout, client.config.workflow.sampling
     root = args.checkpoints or Path(tempfile.mkdtemp(prefix="trl-grpo-tiny-"))
     policy = TorchTrainer(args.model, lr=args.lr, seed=args.seed)
+    warm_loss = policy.warm_start(args.warm_start_steps, args.seed)
     version = client.version() + 1
-    checkpoints, eval_prompts, report = warm_started(client, policy, args,
-                                                     root / f"v{version:06d}", version)
+    checkpoints = {version: policy.save(root / f"v{version:06d}")}
+    client.update_weights(str(checkpoints[version]), version)
+    eval_prompts = task_prompts(args.eval_prompts, 10_000 + args.seed, "eval")
+    report: dict[str, Any] = {"warm_start_loss": warm_loss, "start_version": version,
+                              "eval_before": policy.evaluate(eval_prompts),
+                              "admission": rollout.mode}
+    print(f"warm start: loss {warm_loss:.3f}, v{version} loaded; greedy eval "
+          f"{report['eval_before']}", flush=True)
 
     rows = [{"prompt": " ".join(map(str, p["input_ids"])), "target": p["target"]}
             for p in task_prompts(args.steps * rollout.batch_size, args.seed + 1, "train")]

@@ -43,7 +43,7 @@ from queue_rollout.errors import BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import EXAMPLE_ENV, EXAMPLES, metric_sum, process_tree
+from testkit import metric_sum, process_tree
 
 #: SGLang's own request log, one JSON object a request received or finished.
 REQUEST_LOG_ARGS = ["--log-requests", "--log-requests-level", "1",
@@ -571,54 +571,3 @@ class Watch:
             if s.at >= since and s.counters is not None and holds(s):
                 return round(s.at - since, 2)
         return None
-
-
-#: The GRPO task's farm (``examples/grpo_tiny.py``) on the shared replicas, for the
-#: trainers of that task: 64 episodes a step on 16 slots, a window of one version,
-#: abort-mode pauses.
-GRPO_FARM: dict[str, Any] = {"group_size": 16, "batch_size": 4, "groups_at_once": 2,
-                             "max_staleness": 1, "pause_mode": "abort",
-                             "workflow": "grpo_tiny:KeyAnswer", "lease": 10}
-
-
-def grpo_trainer_run(script: str, python: str, args: list[str], *, name: str, mode: str,
-                     root: Path, replicas: list[FaultServer], model_dir: Path,
-                     monkeypatch: Any, last_checkpoint: Callable[[dict[str, Any]], str]
-                     ) -> dict[str, Any]:
-    """``examples/SCRIPT``, a trainer of the GRPO task, under *python* against
-    ``queue-rollout up`` on the shared replicas (:data:`GRPO_FARM`, admission *mode*),
-    with *args* besides the farm, the model, the checkpoints, ``--check-versions`` and
-    the report: it must exit 0, every replica must end on its last checkpoint
-    (*last_checkpoint* of the report) and ``doctor`` find the ledger clean. Returns the
-    report."""
-    monkeypatch.setenv("PYTHONPATH", str(EXAMPLES))  # the workers' workflow
-    monkeypatch.syspath_prepend(str(EXAMPLES))  # and the config check here
-    farm = UpFarm(root / "farm", name, [s.url for s in replicas], mode, GRPO_FARM)
-    report_path = root / "report.json"
-    with farm.running():
-        proc = subprocess.run(
-            [python, str(EXAMPLES / script), "-c", str(farm.toml), "--model", str(model_dir),
-             "--checkpoints", str(root / "ckpt"), "--check-versions",
-             "--json", str(report_path), *args],
-            capture_output=True, text=True, timeout=840, cwd=root,
-            env={**os.environ, **EXAMPLE_ENV})
-        print(proc.stdout[-6000:])
-        assert proc.returncode == 0, proc.stderr[-4000:] + farm.log_tail()
-        report: dict[str, Any] = json.loads(report_path.read_text())
-        last = last_checkpoint(report)
-        assert all(model_info(s.url)["model_path"] == last for s in replicas)
-        doctor(farm.toml)
-    return report
-
-
-def keep_report(report: dict[str, Any], env: str, name: str,
-                drop: tuple[str, ...] = ("samples", "checkpoints"),
-                drop_in_steps: tuple[str, ...] = ()) -> None:
-    """Where the environment variable *env* names a folder: *report* there as *name*,
-    without the keys *drop* (and *drop_in_steps* in each step)."""
-    if out := os.environ.get(env):
-        kept = {k: v for k, v in report.items() if k not in drop}
-        kept["steps"] = [{k: v for k, v in s.items() if k not in drop_in_steps}
-                         for s in report["steps"]]
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / name).write_text(json.dumps(kept, indent=1) + "\n")

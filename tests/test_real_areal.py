@@ -13,18 +13,21 @@ as ``areal-MODE.json``."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from faultfarm import GRPO_FARM, FaultServer, grpo_trainer_run, keep_report
+from faultfarm import FaultServer, UpFarm, doctor, model_info
 from real_engine.server import find_areal_python, model
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
+ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("QUEUE_ROLLOUT_AREAL_STEPS", "20"))
 MODES = os.environ.get("QUEUE_ROLLOUT_AREAL_MODES", "sample").split(",")
-B = GRPO_FARM["batch_size"]  # groups a step
+G, B = 16, 4
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -35,11 +38,30 @@ def test_areal_engine_drives_real_replicas_with_disk_weight_updates(
     if python is None:
         pytest.fail("no AReaL venv: .ci/run makes it (AReaL's API modules and this "
                     "checkout), or name its Python in QUEUE_ROLLOUT_AREAL_PYTHON")
-    report = grpo_trainer_run(
-        "areal_grpo_tiny.py", python, ["--steps", str(STEPS), "--compare"], name="areal",
-        mode=mode, root=tmp_path, replicas=replicas, model_dir=model(sglang_interpreter, 0),
-        monkeypatch=monkeypatch, last_checkpoint=lambda r: r["path"])
-    keep_report(report, "QUEUE_ROLLOUT_AREAL_OUT", f"areal-{mode}.json")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
+    farm = UpFarm(tmp_path / "farm", "areal", [s.url for s in replicas], mode,
+                  {"group_size": G, "batch_size": B, "groups_at_once": 2,
+                   "max_staleness": 1, "pause_mode": "abort",
+                   "workflow": "grpo_tiny:KeyAnswer", "lease": 10})
+    report_path = tmp_path / "report.json"
+    with farm.running():
+        proc = subprocess.run(
+            [python, str(ROOT / "examples" / "areal_grpo_tiny.py"),
+             "-c", str(farm.toml), "--model", str(model(sglang_interpreter, 0)),
+             "--steps", str(STEPS), "--checkpoints", str(tmp_path / "ckpt"), "--compare",
+             "--check-versions", "--json", str(report_path)],
+            capture_output=True, text=True, timeout=840, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": f"{ROOT / 'examples'}{os.pathsep}{ROOT}"})
+        print(proc.stdout[-6000:])
+        assert proc.returncode == 0, proc.stderr[-4000:] + farm.log_tail()
+        report = json.loads(report_path.read_text())
+        assert all(model_info(s.url)["model_path"] == report["path"] for s in replicas)
+        doctor(farm.toml)
+    if out := os.environ.get("QUEUE_ROLLOUT_AREAL_OUT"):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        kept = {k: v for k, v in report.items() if k not in ("checkpoints", "samples")}
+        (Path(out) / f"areal-{mode}.json").write_text(json.dumps(kept, indent=1) + "\n")
     steps = report["steps"]
     start = report["start_version"]
     assert [s["pushed"] for s in steps] == list(range(start + 1, start + STEPS + 1))

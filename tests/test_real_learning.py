@@ -13,30 +13,51 @@ made."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from faultfarm import GRPO_FARM, FaultServer, grpo_trainer_run, keep_report
+from faultfarm import FaultServer, UpFarm, doctor, model_info
 from real_engine.server import model
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
+ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("QUEUE_ROLLOUT_GRPO_STEPS", "80"))
 MODES = os.environ.get("QUEUE_ROLLOUT_GRPO_MODES", "sample").split(",")
-B, MAX_STALENESS = GRPO_FARM["batch_size"], GRPO_FARM["max_staleness"]
+G, B, MAX_STALENESS = 16, 4, 1  # 64 episodes a step on 16 slots
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_grpo_learns_through_the_farm_on_real_replicas(
         mode: str, tmp_path: Path, replicas: list[FaultServer], sglang_interpreter: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    report = grpo_trainer_run(
-        "grpo_tiny.py", sglang_interpreter, ["--steps", str(STEPS), "--lr", "5e-4"],
-        name="learn", mode=mode, root=tmp_path, replicas=replicas,
-        model_dir=model(sglang_interpreter, 0), monkeypatch=monkeypatch,
-        last_checkpoint=lambda r: r["checkpoints"][str(max(map(int, r["checkpoints"])))])
-    keep_report(report, "QUEUE_ROLLOUT_GRPO_OUT", f"grpo-{mode}.json")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
+    farm = UpFarm(tmp_path / "farm", "learn", [s.url for s in replicas], mode,
+                  {"group_size": G, "batch_size": B, "groups_at_once": 2,
+                   "max_staleness": MAX_STALENESS, "pause_mode": "abort",
+                   "workflow": "grpo_tiny:KeyAnswer", "lease": 10})
+    report_path = tmp_path / "report.json"
+    with farm.running():
+        proc = subprocess.run(
+            [sglang_interpreter, str(ROOT / "examples" / "grpo_tiny.py"), "-c", str(farm.toml),
+             "--model", str(model(sglang_interpreter, 0)), "--steps", str(STEPS),
+             "--lr", "5e-4", "--checkpoints", str(tmp_path / "ckpt"), "--check-versions",
+             "--json", str(report_path)],
+            capture_output=True, text=True, timeout=840, cwd=tmp_path)
+        print(proc.stdout[-6000:])
+        assert proc.returncode == 0, proc.stderr[-4000:] + farm.log_tail()
+        report = json.loads(report_path.read_text())
+        last = report["checkpoints"][str(max(map(int, report["checkpoints"])))]
+        assert all(model_info(s.url)["model_path"] == last for s in replicas)
+        doctor(farm.toml)
+    if out := os.environ.get("QUEUE_ROLLOUT_GRPO_OUT"):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        kept = {k: v for k, v in report.items() if k not in ("samples", "checkpoints")}
+        (Path(out) / f"grpo-{mode}.json").write_text(json.dumps(kept, indent=1) + "\n")
     steps = report["steps"]
     groups = [g for s in steps for g in s["groups"]]
     assert len(groups) == len(set(groups)) == STEPS * B  # whole groups, each once

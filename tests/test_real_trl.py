@@ -12,19 +12,21 @@ tier's run; ``sample,group`` for both), ``QUEUE_ROLLOUT_TRL_STEPS`` the steps of
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from faultfarm import GRPO_FARM, FaultServer, grpo_trainer_run, keep_report
+from faultfarm import FaultServer, UpFarm, doctor, model_info
 from real_engine.server import model
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
+ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("QUEUE_ROLLOUT_TRL_STEPS", "80"))
 MODES = os.environ.get("QUEUE_ROLLOUT_TRL_MODES", "sample").split(",")
-B = GRPO_FARM["batch_size"]  # groups a TRL step (of 16 completions each)
+G, B = 16, 4  # 64 completions a TRL step, on 16 slots
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -34,13 +36,32 @@ def test_trl_grpo_trainer_learns_through_the_farm_on_real_replicas(
     if subprocess.run([sglang_interpreter, "-c", "import trl"]).returncode != 0:
         pytest.fail("TRL is not installed beside SGLang: pip install 'queue-rollout[trl]' "
                     "in that venv (.ci/run does)")
-    report = grpo_trainer_run(
-        "trl_grpo_tiny.py", sglang_interpreter, ["--steps", str(STEPS)], name="trl",
-        mode=mode, root=tmp_path, replicas=replicas,
-        model_dir=model(sglang_interpreter, 0), monkeypatch=monkeypatch,
-        last_checkpoint=lambda r: r["steps"][-1]["path"])
-    keep_report(report, "QUEUE_ROLLOUT_TRL_OUT", f"trl-{mode}.json", drop=("checkpoints",),
-                drop_in_steps=("rows",))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
+    farm = UpFarm(tmp_path / "farm", "trl", [s.url for s in replicas], mode,
+                  {"group_size": G, "batch_size": B, "groups_at_once": 2,
+                   "max_staleness": 1, "pause_mode": "abort",
+                   "workflow": "grpo_tiny:KeyAnswer", "lease": 10})
+    report_path = tmp_path / "report.json"
+    with farm.running():
+        proc = subprocess.run(
+            [sglang_interpreter, str(ROOT / "examples" / "trl_grpo_tiny.py"),
+             "-c", str(farm.toml), "--model", str(model(sglang_interpreter, 0)),
+             "--steps", str(STEPS), "--checkpoints", str(tmp_path / "ckpt"),
+             "--check-versions", "--json", str(report_path)],
+            capture_output=True, text=True, timeout=840, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": f"{ROOT / 'examples'}{os.pathsep}{ROOT}"})
+        print(proc.stdout[-6000:])
+        assert proc.returncode == 0, proc.stderr[-4000:] + farm.log_tail()
+        report = json.loads(report_path.read_text())
+        last = report["steps"][-1]["path"]
+        assert all(model_info(s.url)["model_path"] == last for s in replicas)
+        doctor(farm.toml)
+    if out := os.environ.get("QUEUE_ROLLOUT_TRL_OUT"):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        kept = {k: v for k, v in report.items() if k != "checkpoints"}
+        kept["steps"] = [{k: v for k, v in s.items() if k != "rows"} for s in report["steps"]]
+        (Path(out) / f"trl-{mode}.json").write_text(json.dumps(kept, indent=1) + "\n")
     steps = report["steps"]
     groups = [g for s in steps for g in s["groups"]]
     assert len(groups) == len(set(groups)) == STEPS * B  # whole groups, each once

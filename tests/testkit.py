@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 
@@ -101,26 +101,6 @@ def write_up_farm(path: Path, name: str, state: Path, *, rollout: str, slots: in
                     f"step_ms_per_request = {step_ms_per_request}\n{engine}"
                     f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
     return path
-
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-#: examples/ and the checkout first on an example trainer's path
-EXAMPLE_ENV = {"PYTHONPATH": f"{EXAMPLES}{os.pathsep}{EXAMPLES.parent}"}
-
-
-def grpo_sim_farm(tmp_path: Path, name: str, monkeypatch: Any, *, group_size: int,
-                  batch_size: int) -> Path:
-    """A farm config for `up` of the GRPO task (``examples/grpo_tiny.py``'s workflow) on
-    2 sim replicas of 3 slots: refill on 6 slots, a window of one version; examples/ on
-    the workers' path and this process's (the config check imports the workflow)."""
-    monkeypatch.setenv("PYTHONPATH", str(EXAMPLES))
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    return write_up_farm(tmp_path / "farm.toml", name, tmp_path / "state", slots=3,
-                         metrics_port=free_port(),
-                         rollout=f"group_size = {group_size}\nbatch_size = {batch_size}\n"
-                                 "max_concurrent_samples = 6\nmax_staleness = 1",
-                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
-                         step_ms_per_request=1.0)
 
 
 @contextlib.contextmanager

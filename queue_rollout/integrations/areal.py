@@ -37,8 +37,8 @@ token older than the staleness window (a member that spanned weight updates) is 
 ``loss_mask``. A delivered batch is acknowledged when AReaL next sets the policy
 version (its step is trained); a trainer that dies before is handed the batch again.
 
-Needs AReaL 1.0.x and torch (``pip install 'queue-rollout[areal]'`` beside the trainer's
-AReaL; AReaL's API modules alone suffice, as the Frameworks page says).
+Needs AReaL (``pip install 'queue-rollout[areal]'``: the API modules, installed without
+AReaL's own dependency set; see the Frameworks page) and torch.
 """
 
 from __future__ import annotations
@@ -126,10 +126,8 @@ class FarmStaleness:
         self.client.set_version(version)
 
     def get_stats(self) -> RolloutStat:
-        """The farm's group counts as AReaL's: accepted (ever), pending, rejected,
-        in flight."""
         g = self.client.status()["groups"]
-        return RolloutStat(accepted=g["accepted"], enqueued=g["pending"],
+        return RolloutStat(accepted=g["accepted"] - g["consumed"], enqueued=g["pending"],
                            rejected=g["rejected"], running=g["in_flight"])
 
 

@@ -18,7 +18,8 @@ from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
 from queue_rollout.errors import BadInput
 from queue_rollout.integrations.trl import FarmRollout
-from testkit import EXAMPLE_ENV, farm_up, grpo_sim_farm
+from queue_rollout.ledger.embedded import free_port
+from testkit import farm_up, write_up_farm
 
 ROOT = Path(__file__).resolve().parents[3]
 G, B = 4, 2
@@ -87,7 +88,14 @@ def test_grpo_trainer_runs_on_a_farm_of_simulated_replicas(tmp_path, monkeypatch
     in TRL's order (group j's members for prompt j), each step's weights pushed as the
     next version and loaded by every worker, every group delivered once."""
     python = trl_python()
-    toml = grpo_sim_farm(tmp_path, "trl", monkeypatch, group_size=G, batch_size=B)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
+    toml = write_up_farm(tmp_path / "farm.toml", "trl", tmp_path / "state", slots=3,
+                         metrics_port=free_port(),
+                         rollout=f"group_size = {G}\nbatch_size = {B}\n"
+                                 "max_concurrent_samples = 6\nmax_staleness = 1",
+                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
+                         step_ms_per_request=1.0)
     weights = model(python, 0, vocab=32_128)  # takes the simulated replica's token ids
     with farm_up(toml) as line:
         assert "2 workers" in line
@@ -97,7 +105,7 @@ def test_grpo_trainer_runs_on_a_farm_of_simulated_replicas(tmp_path, monkeypatch
              "--eval-prompts", "8", "--checkpoints", str(tmp_path / "ckpt"),
              "--json", str(tmp_path / "report.json")],
             capture_output=True, text=True, timeout=240, cwd=tmp_path,
-            env={**os.environ, **EXAMPLE_ENV})
+            env={**os.environ, "PYTHONPATH": f"{ROOT / 'examples'}{os.pathsep}{ROOT}"})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         assert cli(["doctor", "-c", str(toml)]) == 0
         client = RolloutClient.from_config(toml)
