@@ -99,8 +99,8 @@ def test_the_light_parts_load_no_redis_rq_or_ledger(module):
 ])
 def test_the_package_and_its_integrations_import_no_framework(venv, frameworks):
     """Where the frameworks are installed (SGLang's venv with TRL; AReaL's venv), with
-    this checkout first on the path, importing the package, its client and the TRL
-    integration loads none of them: they load when a trainer uses them."""
+    this checkout first on the path, importing the package, its client and both
+    integrations loads none of them: they load when a trainer uses them."""
     from real_engine.server import find_areal_python, find_sglang_python
 
     python = find_sglang_python() if venv == "sglang" else find_areal_python()
@@ -110,7 +110,7 @@ def test_the_package_and_its_integrations_import_no_framework(venv, frameworks):
         pytest.skip(f"no venv with the frameworks ({venv}'s) to import them from")
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "import queue_rollout\nfrom queue_rollout import RolloutClient\n"
-            "import queue_rollout.integrations.trl\n"
+            "import queue_rollout.integrations.trl, queue_rollout.integrations.areal\n"
             "import importlib.util as u\n"
             "print(sorted(m for m in ('torch', 'transformers', 'trl', 'sglang', 'areal')\n"
             "             if u.find_spec(m)))\n"

@@ -37,8 +37,9 @@ token older than the staleness window (a member that spanned weight updates) is 
 ``loss_mask``. A delivered batch is acknowledged when AReaL next sets the policy
 version (its step is trained); a trainer that dies before is handed the batch again.
 
-Needs AReaL (``pip install 'queue-rollout[areal]'``: the API modules, installed without
-AReaL's own dependency set; see the Frameworks page) and torch.
+Needs AReaL 1.0.x and torch where they are used (``pip install 'queue-rollout[areal]'``
+beside the trainer's AReaL; AReaL's API modules alone suffice, as the Frameworks page
+says); importing this module loads neither.
 """
 
 from __future__ import annotations
@@ -52,13 +53,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
-
-import torch
-from areal.api.engine_api import InferenceEngine
-from areal.api.io_struct import RolloutStat
-from areal.utils import name_resolve, names
-from areal.utils.data import concat_padded_tensors
-from areal.utils.dynamic_import import import_from_string
 
 from queue_rollout.client.rollout import Batch, RolloutClient
 from queue_rollout.client.training import Sample
@@ -80,9 +74,13 @@ def workflow_path(workflow: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def group_dict(samples: list[Sample]) -> dict[str, torch.Tensor] | None:
-    """One group's members as AReaL's batch dict (one row per member, right-padded as
-    AReaL pads a group); None when no member produced anything (AReaL's rejected)."""
+def group_dict(samples: list[Sample]) -> dict[str, Any] | None:
+    """One group's members as AReaL's batch dict of tensors (one row per member,
+    right-padded as AReaL pads a group); None when no member produced anything (AReaL's
+    rejected)."""
+    import torch
+    from areal.utils.data import concat_padded_tensors
+
     rows = []
     for s in samples:
         if s.reward is None:  # a failed member (no output): AReaL leaves it out
@@ -125,7 +123,9 @@ class FarmStaleness:
     def on_version_recovered(self, version: int) -> None:
         self.client.set_version(version)
 
-    def get_stats(self) -> RolloutStat:
+    def get_stats(self) -> Any:
+        from areal.api.io_struct import RolloutStat
+
         g = self.client.status()["groups"]
         return RolloutStat(accepted=g["accepted"] - g["consumed"], enqueued=g["pending"],
                            rejected=g["rejected"], running=g["in_flight"])
@@ -138,11 +138,13 @@ class FarmExecutor:
         self.staleness_manager = staleness_manager
 
 
-class FarmInferenceEngine(InferenceEngine):  # type: ignore[misc]  # AReaL has no types
+class FarmInferenceEngine:
     """AReaL's inference engine over a farm. ``workflows`` maps AReaL workflow import
     paths to farm workflow names; ``experiment_name`` and ``trial_name`` are AReaL's
     (its trainer signals a saved checkpoint under them); ``timeout`` bounds each wait
-    for groups, in seconds."""
+    for groups, in seconds. It offers the methods of AReaL's ``InferenceEngine`` (AReaL
+    calls its engine's methods and checks no type), so importing this module imports
+    neither AReaL nor torch: they load where they are used."""
 
     def __init__(self, client: RolloutClient, *, workflows: Mapping[str, str],
                  experiment_name: str | None = None, trial_name: str | None = None,
@@ -162,7 +164,7 @@ class FarmInferenceEngine(InferenceEngine):  # type: ignore[misc]  # AReaL has n
         self._paused_by_generation = False
         self._tasks = itertools.count()
         self._group_of: dict[int, str] = {}  # task id -> group id
-        self._ready: OrderedDict[str, dict[str, torch.Tensor] | None] = OrderedDict()
+        self._ready: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
         self._unacked: list[Batch] = []  # the batch handed over, acked at set_version
         self._outstanding: set[str] = set()  # groups submitted, not yet handed to AReaL
         #: prepare_batch's dataset items and workflow arguments, from its first call
@@ -194,6 +196,18 @@ class FarmInferenceEngine(InferenceEngine):  # type: ignore[misc]  # AReaL has n
     @property
     def workflow_executor(self) -> FarmExecutor:
         return self._executor
+
+    def config_perf_tracer(self, config: Any, rank: int, role: str) -> None:
+        """AReaL's trainer configures its engines' tracers; a farm engine traces nothing."""
+
+    def save_perf_tracer(self, step: int | None = None, force: bool = False) -> None:
+        """Nothing traced, nothing to save."""
+
+    def offload(self) -> None:
+        raise NotImplementedError("a farm's replicas are not the trainer's to offload")
+
+    def onload(self, tags: list[str] | None = None) -> None:
+        raise NotImplementedError("a farm's replicas are not the trainer's to onload")
 
     async def agenerate(self, req: Any) -> Any:
         raise NotImplementedError(
@@ -244,6 +258,8 @@ class FarmInferenceEngine(InferenceEngine):  # type: ignore[misc]  # AReaL has n
             return prompt
         path = workflow_path(workflow)
         if path not in self._workflows:
+            from areal.utils.dynamic_import import import_from_string
+
             if isinstance(workflow, str):
                 workflow = import_from_string(workflow)
             self._workflows[path] = (workflow(**(kwargs or {})) if isinstance(workflow, type)
@@ -306,7 +322,7 @@ class FarmInferenceEngine(InferenceEngine):  # type: ignore[misc]  # AReaL has n
         timeout = self.timeout if timeout is None else timeout
         return None if timeout is None else time.monotonic() + timeout
 
-    def _take(self, gid: str) -> dict[str, torch.Tensor] | None:
+    def _take(self, gid: str) -> dict[str, Any] | None:
         self._outstanding.discard(gid)  # a batch redelivered from before a restart holds
         return self._ready.pop(gid)     # groups this engine did not submit
 
@@ -415,6 +431,8 @@ class FarmInferenceEngine(InferenceEngine):  # type: ignore[misc]  # AReaL has n
                            "pause_generation() first, as AReaL's trainer does")
         if self._loader is None:
             raise BadInput("the engine is not initialized: call initialize() first")
+        from areal.utils import name_resolve, names
+
         current = self.get_version()
         version = meta.version if meta.version is not None else current + 1
         signal = names.update_weights_from_disk(self.experiment_name, self.trial_name,
