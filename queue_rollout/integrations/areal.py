@@ -127,7 +127,7 @@ class FarmStaleness:
         from areal.api.io_struct import RolloutStat
 
         g = self.client.status()["groups"]
-        return RolloutStat(accepted=g["accepted"] - g["consumed"], enqueued=g["pending"],
+        return RolloutStat(accepted=g["accepted"], enqueued=g["pending"],
                            rejected=g["rejected"], running=g["in_flight"])
 
 

@@ -147,6 +147,8 @@ engine.set_version(2)
 out["consumed"].append(client.ledger.counters().get("consumed", 0))
 engine.workflow_executor.staleness_manager.on_version_recovered(3)
 out["recovered"] = client.version()
+st = engine.workflow_executor.staleness_manager.get_stats()
+out["rollout_stat"] = [st.accepted, st.enqueued, st.running, st.rejected]
 stats = engine.export_stats()
 out["stats"] = [stats["farm/batches"], stats["farm/groups"]]
 engine.destroy()
@@ -183,6 +185,7 @@ def test_engine_driven_in_areal_trainer_order_on_simulated_replicas(
         assert waits["consumed"] == [0, B, 2 * B]  # each batch acked at set_version
         assert "BadInput: this engine holds farm batch" in waits["held"]
         assert waits["recovered"] == 3 and waits["stats"] == [2, 2 * B]
+        assert waits["rollout_stat"] == [2 * B, 0, 0, 0]  # AReaL's accepted: ever
         proc = subprocess.run(
             [areal_python, str(ROOT / "examples" / "areal_grpo_tiny.py"), "-c", str(toml),
              "--model", str(weights), "--trainer", "none", "--steps", "3", "--compare",
