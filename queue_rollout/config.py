@@ -33,6 +33,8 @@ PluginRef = Annotated[str, msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_]\
 
 #: ``rollout.placement``: any worker takes any attempt, or a group goes to one replica.
 Placement = Literal["any", "group"]
+#: How a pause stops generation on a replica (SGLang's ``/pause_generation`` modes).
+PauseMode = Literal["abort", "in_place", "retract"]
 
 #: The workflows built into the workers (queue_rollout.workers.workflows); any other
 #: ``workflow.name`` is a plugin, ``package.module:factory``.
@@ -157,7 +159,7 @@ class EngineConfig(_Section):
     prefill_tokens_per_s: PosFloat = 20_000.0
     chunked_prefill_size: PosInt = 8192
     max_total_tokens: PosInt = 220_000
-    pause_mode: Literal["in_place", "abort", "retract"] = "in_place"
+    pause_mode: PauseMode = "in_place"
     #: adaptive concurrency: each worker's limit follows its replica's KV room
     adaptive_slots: bool = False
     min_slots_per_replica: PosInt = 1  # the lowest limit (the highest: slots_per_replica)

@@ -23,10 +23,10 @@ from real_engine.server import INSTALL_HINT, RealServer, find_sglang_python, mod
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.server import ThreadedSimEngine
+from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
-from queue_rollout.virtual.clock import ManualClock
 from testkit import greedy
 
 # fast: the same examples every run, fewer of them (testkit.examples); ci: new ones from a

@@ -58,7 +58,8 @@ def test_the_wheel_holds_every_worker_module_and_the_lua_scripts(tmp_path):
         assert f"queue_rollout/workers/{py.name}" in names, py.name
     for lua in sorted((ROOT / "queue_rollout" / "ledger" / "lua").glob("*.lua")):
         assert f"queue_rollout/ledger/lua/{lua.name}" in names, lua.name
-    assert {"queue_rollout/py.typed", "queue_rollout/engines/SGLANG_API.md"} <= names
+    assert {"queue_rollout/py.typed", "queue_rollout/engines/SGLANG_API.md",
+            "queue_rollout/lab/plan/redis_load.json"} <= names
     assert not any(n.startswith(("workers/", "tests/")) for n in names)
 
 
@@ -74,8 +75,8 @@ def test_names_that_outlive_a_release_stay_importable():
     assert out.strip() == "queue_rollout.client.rollout"
 
 
-@pytest.mark.parametrize("module", ["queue_rollout.engines.sim_server",
-                                    "queue_rollout.engines.sim_model",
+@pytest.mark.parametrize("module", ["queue_rollout.lab.sim.server",
+                                    "queue_rollout.lab.sim.model",
                                     "queue_rollout.engines.sglang",
                                     "queue_rollout.workers.workflows",
                                     "queue_rollout.config"])
@@ -85,12 +86,13 @@ def test_the_light_parts_load_no_redis_rq_or_ledger(module):
     heavy = [m for m in loaded if m.split(".")[0] in ("redis", "rq")
              or m.startswith(("queue_rollout.ledger", "queue_rollout.client"))]
     assert heavy == []
-    if module.startswith("queue_rollout.engines.sim_"):  # the simulated replica: alone
+    if module.startswith("queue_rollout.lab.sim."):  # the simulated replica: alone
         ours = {m for m in loaded if m.startswith("queue_rollout")}
         assert ours <= {"queue_rollout", "queue_rollout.config", "queue_rollout.errors",
-                        "queue_rollout.engines", "queue_rollout.engines.sim_model",
-                        "queue_rollout.engines.prefix_cache", "queue_rollout.engines.tokens",
-                        "queue_rollout.engines.sim_server"}, ours
+                        "queue_rollout.engines", "queue_rollout.engines.synthetic",
+                        "queue_rollout.lab", "queue_rollout.lab.sim",
+                        "queue_rollout.lab.sim.model", "queue_rollout.lab.sim.prefix_cache",
+                        "queue_rollout.lab.sim.tokens", "queue_rollout.lab.sim.server"}, ours
 
 
 @pytest.mark.parametrize("venv,frameworks", [

@@ -1,6 +1,6 @@
 """Helpers for the tests: waiting, trivial prompts, a small `queue-rollout up` farm in
 the background, free ports, process trees, a Sentinel-watched primary and replica.
-(The manual clock is the virtual farm's: :class:`queue_rollout.virtual.clock.ManualClock`.)"""
+(The manual clock is the virtual farm's: :class:`queue_rollout.lab.virtual.clock.ManualClock`.)"""
 
 from __future__ import annotations
 
@@ -341,7 +341,7 @@ class WorkerFarm:
     def __init__(self, stack: contextlib.ExitStack, toml: Path, replicas: int,
                  step_ms: float) -> None:
         from queue_rollout.config import load_config
-        from queue_rollout.engines.sim_server import ThreadedSimEngine
+        from queue_rollout.lab.sim.server import ThreadedSimEngine
 
         self.config = load_config(toml)
         self.engines = [stack.enter_context(ThreadedSimEngine(slots=4, step_ms=step_ms))

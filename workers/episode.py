@@ -43,7 +43,7 @@ from queue_rollout.engines.sglang import (
     episode_seed,
     turn_rid,
 )
-from queue_rollout.engines.sim_server import prompt_params
+from queue_rollout.engines.synthetic import prompt_params
 from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.core import Answer, Ledger, Renewal
 from queue_rollout.ledger.group_shapes import member_shape

@@ -39,12 +39,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from queue_rollout.config import Config
+from queue_rollout.config import Config, PauseMode
 from queue_rollout.engines.sglang import (
     PAUSE_MODES,
     BadEngineURL,
     EngineError,
-    PauseMode,
     SGLangClient,
 )
 from queue_rollout.errors import BadInput, BarrierTimeout, QueueRolloutError

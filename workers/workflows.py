@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from queue_rollout.config import Config, load_reference
 from queue_rollout.engines.sglang import Generation, episode_seed
-from queue_rollout.engines.sim_model import token_ids
+from queue_rollout.engines.synthetic import token_ids
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
 from queue_rollout.transcript import Transcript

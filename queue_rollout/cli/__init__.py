@@ -1,2 +1,2 @@
-"""The ``queue-rollout`` command line (``main``) and the commands that run processes:
-``demo`` (the real stack), ``demo --virtual``, ``up`` and ``node``."""
+"""The ``queue-rollout`` command line (``main``), above the farm and the lab: it parses
+flags and hands each command to the module that runs it."""

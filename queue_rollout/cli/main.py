@@ -63,7 +63,7 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
     import shlex
 
-    from queue_rollout.plan.main import PlanArgs, run
+    from queue_rollout.lab.plan.main import PlanArgs, run
 
     given = [flag for flag, value in (("--profile", args.profile),
                                       ("--workload", args.workload),
@@ -205,7 +205,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
             raise ConfigError("--out: the plots need matplotlib, which is not installed "
                               "(pip install 'queue-rollout[bench]'); nothing was run")
     if args.profile == "sim-replica":
-        from queue_rollout.bench.sim_replica import run_sim_replica_bench
+        from queue_rollout.lab.bench.sim_replica import run_sim_replica_bench
 
         sim = run_sim_replica_bench(requests=args.requests,
                                     seconds=60.0 if args.seconds is None else args.seconds)
@@ -224,7 +224,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
             raise ConfigError(f"--replicas {args.replicas}: fewer than the "
                               f"--wait-replicas {args.wait_replicas} every change waits for")
 
-        from queue_rollout.bench.redis_load import redis_load_text, run_redis_load_bench
+        from queue_rollout.lab.bench.redis_load import redis_load_text, run_redis_load_bench
         from queue_rollout.progress import log_to_file
 
         work = (Path(config.farm.state_dir) / "bench-redis-load").resolve()
@@ -247,7 +247,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
 
     if args.profile in ("real-sglang", "real-sglang-kv"):
         return _bench_real_sglang(config, args)
-    from queue_rollout.bench.main import BenchArgs, run_bench
+    from queue_rollout.lab.bench.main import BenchArgs, run_bench
 
     if args.refit and args.profile not in ("swe-agentic", "boba-math"):
         raise ConfigError(f"--refit: {args.profile} has no calibration to fit "
@@ -264,7 +264,7 @@ def _cmd_bench(config: Config, args: argparse.Namespace) -> int:
 
 
 def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
-    from queue_rollout.bench.real_sglang import real_sglang_text, run_real_sglang, write_json
+    from queue_rollout.lab.bench.real_sglang import real_sglang_text, run_real_sglang, write_json
     from queue_rollout.launch.node import sglang_python
     from queue_rollout.progress import log_to_file
 
@@ -295,10 +295,10 @@ def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
 
 def _cmd_demo(config: Config, args: argparse.Namespace) -> int:
     if args.virtual:
-        from queue_rollout.cli.demo_virtual import run_demo
+        from queue_rollout.lab.demo.virtual import run_demo
 
         return run_demo(config, prompts=args.prompts, batches=args.batches, out=sys.stdout)
-    from queue_rollout.cli.demo import run_stack_demo
+    from queue_rollout.lab.demo.stack import run_stack_demo
 
     return run_stack_demo(config, out=sys.stdout, verbose=args.verbose)
 
@@ -401,8 +401,8 @@ def _cmd_node(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
-    from queue_rollout.engines.sim_server import PortUnavailable, run_sim_engine
     from queue_rollout.errors import bind_failed
+    from queue_rollout.lab.sim.server import PortUnavailable, run_sim_engine
 
     e = config.engine
     pool = args.max_total_tokens or e.max_total_tokens

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.config import Config
+from queue_rollout.engines.synthetic import hint_problem
 from queue_rollout.errors import BadInput
 
 #: At most this many known ids are named when the farm refuses a submission.
@@ -46,11 +47,7 @@ def farm_needs(config: Config) -> Needs:
     sim = config.engine.kind == "sim"
 
     def problem(prompt: dict[str, Any]) -> str | None:
-        p = prompt.get("p_correct")
-        if sim and "p_correct" in prompt and not (
-                isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1):
-            return "`p_correct` must be a number in [0, 1]"
-        return workflow.problem(prompt)
+        return (sim and hint_problem(prompt)) or workflow.problem(prompt)
 
     return problem
 

@@ -1,4 +1,4 @@
-"""What speaks to an inference replica and what stands in for one: the SGLang HTTP
-client (``sglang``, with ``SGLANG_API.md``), the simulated replica's timing model
-(``sim_model``) and its HTTP server (``sim_server``). Engines never touch Redis, RQ or
-the ledger; the simulated replica imports nothing else from the package."""
+"""What speaks to an inference replica: the SGLang HTTP client (``sglang``, with
+``SGLANG_API.md``), the per-replica slot controller (``concurrency``) and what the farm
+shares with a simulated replica (``synthetic``: seeded token ids, request hints).
+Engines never touch Redis, RQ or the ledger."""

@@ -18,14 +18,14 @@ import json
 import socket
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
+from queue_rollout.config import PauseMode
 from queue_rollout.errors import QueueRolloutError
 from queue_rollout.results import add_tokens
 
 #: SGLang's /pause_generation modes.
-PauseMode = Literal["abort", "in_place", "retract"]
 PAUSE_MODES: tuple[PauseMode, ...] = typing.get_args(PauseMode)
 
 

@@ -24,8 +24,8 @@ import pytest
 from queue_rollout import RolloutClient
 from queue_rollout.collector.metrics import FarmMetrics
 from queue_rollout.config import Config
-from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BarrierTimeout
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.launch.targets import collector_group, up_groups, write_targets
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger

@@ -36,8 +36,8 @@ from queue_rollout.collector.loop import Collector
 from queue_rollout.collector.metrics import LedgerCollector
 from queue_rollout.config import RolloutConfig, load_config
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import LedgerError, RedisUnavailable
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine

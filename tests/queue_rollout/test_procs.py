@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import HEALTHY_S, ChildRefused, Supervised, cli_exe, log_tail, stop_all
-from queue_rollout.virtual.clock import ManualClock
 from testkit import free_ports, process_tree, wait_for
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from queue_rollout.engines.tokens import Tokens
+from queue_rollout.lab.sim.tokens import Tokens
 from queue_rollout.transcript import Transcript, layout
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import SGLangClient, episode_seed
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.results import decode_result
 from queue_rollout.workers.episode import AttemptRunner

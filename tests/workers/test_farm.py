@@ -14,7 +14,7 @@ from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.engines.sglang import SGLangClient, episode_seed
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import EVENTS_GROUP

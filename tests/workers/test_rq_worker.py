@@ -15,7 +15,7 @@ from rq import Queue, Worker
 from rq.serializers import JSONSerializer
 
 from queue_rollout.config import load_config
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys

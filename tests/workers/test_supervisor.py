@@ -16,13 +16,13 @@ import pytest
 
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import PAUSE_MODES, SGLangClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BarrierTimeout
+from queue_rollout.lab.sim.server import ThreadedSimEngine
+from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.procs import cli_exe
-from queue_rollout.virtual.clock import ManualClock
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
 from testkit import Generating, greedy, metric_sum, running, wait_for

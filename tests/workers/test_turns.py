@@ -17,7 +17,7 @@ from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.engines.sglang import episode_seed, turn_rid
-from queue_rollout.engines.sim_model import token_ids
+from queue_rollout.engines.synthetic import token_ids
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port

@@ -17,7 +17,7 @@ from rq.worker import Worker
 
 from queue_rollout.config import load_config
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.ledger.status import farm_status

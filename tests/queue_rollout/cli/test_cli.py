@@ -302,6 +302,6 @@ def test_bench_out_without_matplotlib_refuses_before_running(monkeypatch, tmp_pa
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
     started = []
-    monkeypatch.setattr("queue_rollout.bench.main.run_bench", lambda *a: started.append(a))
+    monkeypatch.setattr("queue_rollout.lab.bench.main.run_bench", lambda *a: started.append(a))
     assert main(["bench", "--profile", "equal", "--out", str(tmp_path / "o")]) == 2
     assert "matplotlib" in capsys.readouterr().err and started == []

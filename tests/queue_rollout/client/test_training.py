@@ -12,8 +12,8 @@ from queue_rollout import RolloutClient
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BadInput
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.workers.episode import AttemptRunner
 from queue_rollout.workers.workflows import load_workflow

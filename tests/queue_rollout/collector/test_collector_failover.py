@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from queue_rollout import RolloutClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
 

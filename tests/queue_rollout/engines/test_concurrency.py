@@ -11,8 +11,8 @@ from queue_rollout.engines.concurrency import (
     parse_metrics,
 )
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.engines.sim_model import SimModel, SimRequest
-from queue_rollout.engines.sim_server import ThreadedSimEngine
+from queue_rollout.lab.sim.model import SimModel, SimRequest
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 
 
 def calm(retractions: int = 0) -> KvSignal:

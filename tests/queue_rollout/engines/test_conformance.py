@@ -15,7 +15,7 @@ import pytest
 
 from queue_rollout.engines.concurrency import parse_metrics
 from queue_rollout.engines.sglang import DuplicateRid, EngineError, Generation, SGLangClient
-from queue_rollout.engines.sim_server import CACHE_FLUSHED, CACHE_NOT_FLUSHED, ThreadedSimEngine
+from queue_rollout.lab.sim.server import CACHE_FLUSHED, CACHE_NOT_FLUSHED, ThreadedSimEngine
 from testkit import Generating, metric_sum, running, wait_for
 
 PROMPT = [5, 6, 7]

@@ -242,8 +242,8 @@ args = sys.argv[1:]
 record = Path(os.environ["STAND_IN_RECORD"]) / f"gpu{os.environ['CUDA_VISIBLE_DEVICES']}.json"
 record.write_text(json.dumps({"argv": args, "cuda": os.environ["CUDA_VISIBLE_DEVICES"]}))
 
-from queue_rollout.engines.sim_server import SimEngineServer
-from queue_rollout.engines.sim_model import SimModel
+from queue_rollout.lab.sim.server import SimEngineServer
+from queue_rollout.lab.sim.model import SimModel
 
 async def main():
     model = SimModel(slots=int(args[args.index("--max-running-requests") + 1]),

@@ -19,12 +19,12 @@ import msgspec
 import pytest
 
 from queue_rollout.config import Config
+from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
 from queue_rollout.procs import Supervised, stop_all
-from queue_rollout.virtual.clock import ManualClock
 from testkit import alive, farm_up, process_tree, wait_for
 from testkit import write_up_farm as write_farm
 

@@ -54,11 +54,11 @@ from hypothesis.stateful import (
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.sglang import turn_rid
+from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.core import Answer, Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import EVENTS_GROUP, episode_field
 from queue_rollout.ledger.records import SUPERSEDED, decode_attempt, decode_batch, decode_group
-from queue_rollout.virtual.clock import ManualClock
 from testkit import examples
 
 FARM = "st"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from queue_rollout import RolloutClient
-from queue_rollout.engines.sim_server import ThreadedSimEngine
 from queue_rollout.errors import BadInput, RedisUnavailable
+from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all

@@ -6,9 +6,9 @@ import pytest
 import redis
 
 from queue_rollout.errors import RedisUnavailable
+from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import LIVE_LEASES, Ack, Registry
-from queue_rollout.virtual.clock import ManualClock
 
 
 def test_a_worker_is_live_for_three_leases_after_its_last_report(r):

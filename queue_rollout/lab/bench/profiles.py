@@ -1,0 +1,196 @@
+"""The pilot profiles, the reference shape, and the scale they run at.
+
+Every profile is a prompt manifest: per prompt, the G members' output lengths in
+tokens (``member_lengths``, which the ``controlled_length`` workflow produces exactly).
+Lengths are deterministic functions of the prompt id, so both admission modes, and
+every run, see the same manifest.
+
+- ``long-tail``: per group seven 1,024-token episodes and one 16,384-token one, its
+  position rotating by prompt (the reference's controlled profile).
+- ``equal``: eight 4,096-token episodes (the reference's control).
+- ``group-between``: groups differ, members within a group are equal: 1,024 x 2^k
+  tokens, k in 0..3 by a hash of the prompt id.
+- ``mixed-tail``: both: a group median of 1,024 x 2^k (k in 0..2 by the prompt id),
+  each member log-normal around it (sigma 0.8), clipped to 256..16,384.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from queue_rollout.client.rollout import MAX_POLL_S
+from queue_rollout.config import CollectorConfig
+from queue_rollout.lab.virtual.farm import long_tail_lengths
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The reference pilot: B16 x G8, 128 slots over 8 replicas, 128 groups."""
+
+    prompts: int = 128
+    group_size: int = 8
+    batch_size: int = 16
+    replicas: int = 8
+    slots_per_replica: int = 16
+    max_staleness: int = 2
+    train_s: float = 10.0  # the fixed training pause after each of the first batches
+    train_batches: int = 6
+    #: rolling consumption: stop once this many batches are ready (None: every group)
+    stop_after: int | None = None
+    step_ms: float = 4.5
+    step_ms_per_request: float = 0.2
+    #: added per token of context the running requests hold (us); 0: the reference
+    #: shape's calibration left it out
+    step_us_per_context_token: float = 0.0
+    prefill_tokens_per_s: float = 20_000.0
+    chunked_prefill_size: int = 8192
+    max_total_tokens: int = 220_000
+    #: adaptive concurrency: the lowest limit a worker may set (its ceiling: the slots)
+    min_slots_per_replica: int = 1
+
+    @property
+    def slots(self) -> int:
+        return self.replicas * self.slots_per_replica
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Measured = reference x ``time`` for times; x ``tokens`` for lengths. The decode
+    step is scaled by time / tokens so that an episode's duration scales by ``time``."""
+
+    time: float = 0.1
+    tokens: float = 0.125
+
+    def length(self, reference_tokens: int) -> int:
+        return max(1, round(reference_tokens * self.tokens))
+
+    @property
+    def step_factor(self) -> float:
+        return self.time / self.tokens
+
+    @property
+    def collector_step_ms(self) -> float:
+        """The collector's step (``collector.step_ms``, shipped 200 ms), scaled by time."""
+        return CollectorConfig().step_ms * self.time
+
+    @property
+    def trainer_poll_s(self) -> float:
+        """How far apart the trainer polls for a batch at most (shipped 0.5 s), scaled."""
+        return MAX_POLL_S * self.time
+
+    def as_json(self) -> dict[str, float]:
+        return {"time": self.time, "tokens": self.tokens,
+                "collector_step_ms": self.collector_step_ms,
+                "trainer_poll_s": self.trainer_poll_s}
+
+
+def unit(*parts: object) -> float:
+    """A deterministic number in (0, 1) from *parts*."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") + 0.5) / 2**64
+
+
+def normal(*parts: object) -> float:
+    """A deterministic standard normal draw from *parts* (Box-Muller)."""
+    u1, u2 = unit("u1", *parts), unit("u2", *parts)
+    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+def _equal(prompts: int, g: int) -> dict[str, list[int]]:
+    return {f"eq-{i:04d}": [4096] * g for i in range(prompts)}
+
+
+def _group_between(prompts: int, g: int) -> dict[str, list[int]]:
+    out = {}
+    for i in range(prompts):
+        pid = f"gb-{i:04d}"
+        out[pid] = [1024 * 2 ** int(unit("gb", pid) * 4)] * g
+    return out
+
+
+def _mixed_tail(prompts: int, g: int) -> dict[str, list[int]]:
+    out = {}
+    for i in range(prompts):
+        pid = f"mt-{i:04d}"
+        median = 1024 * 2 ** int(unit("mt", pid) * 3)
+        lengths = []
+        for m in range(g):
+            u1, u2 = unit("mt1", pid, m), unit("mt2", pid, m)
+            z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+            lengths.append(min(16384, max(256, round(median * math.exp(0.8 * z)))))
+        out[pid] = lengths
+    return out
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A pilot: its episodes, as ``member_lengths`` (*lengths*, one request each) or as
+    ``member_turns`` (*turns*: multi-turn, reference tokens and seconds); optionally a
+    shape and scale of its own, the seed's figures beside which it reports, and what
+    was fitted to calibrate it."""
+
+    name: str
+    summary: str
+    lengths: Callable[[int, int], dict[str, list[int]]] | None = None  # (prompts, G) ->
+    turns: Callable[[int, int], dict[str, list[Any]]] | None = None  # (prompts, G) ->
+    prompt_tokens: int = 0  # each group's prompt, reference tokens (0: a short text)
+    shape: Shape | None = None
+    scale: Scale | None = None
+    seed: Mapping[str, Any] | None = None
+    calibration: Mapping[str, Any] | None = None
+
+    def manifest(self, shape: Shape, scale: Scale) -> list[dict[str, Any]]:
+        """The prompts, with lengths (and tool times) scaled to *scale*."""
+        if self.turns is not None:
+            return [{"id": pid, **self._prompt(pid, scale),
+                     "member_turns": [_scale_member(m, scale) for m in members]}
+                    for pid, members in self.turns(shape.prompts, shape.group_size).items()]
+        if self.lengths is None:
+            raise ValueError(f"profile {self.name}: neither lengths nor turns")
+        return [{"id": pid, **self._prompt(pid, scale),
+                 "member_lengths": [scale.length(n) for n in lengths]}
+                for pid, lengths in self.lengths(shape.prompts, shape.group_size).items()]
+
+    def _prompt(self, pid: str, scale: Scale) -> dict[str, Any]:
+        if not self.prompt_tokens:
+            return {"prompt": f"{self.name} prompt {pid}"}
+        first = int(unit("prompt", pid) * 2**20)  # its own ids: groups share no prefix
+        return {"input_ids": list(range(first, first + scale.length(self.prompt_tokens)))}
+
+
+def _scale_member(member: Any, scale: Scale) -> Any:
+    """One ``member_turns`` entry at *scale*: tokens by ``tokens``, tool seconds by
+    ``time``."""
+    if isinstance(member, dict):
+        return {**member, "turns": _scale_member(member["turns"], scale)}
+    out = []
+    for turn in member:
+        scaled = {"gen": scale.length(turn["gen"])}
+        if "tool_s" in turn:
+            scaled["tool_s"] = turn["tool_s"] * scale.time
+        if turn.get("tool_tokens"):
+            scaled["tool_tokens"] = scale.length(turn["tool_tokens"])
+        out.append(scaled)
+    return out
+
+
+PILOTS: dict[str, Profile] = {p.name: p for p in (
+    Profile("long-tail", "per group 7 x 1,024 + 1 x 16,384 tokens, the long one rotating",
+            lengths=long_tail_lengths),
+    Profile("equal", "8 x 4,096 tokens per group", lengths=_equal),
+    Profile("group-between", "groups differ (1,024 to 8,192 tokens), members equal",
+            lengths=_group_between),
+    Profile("mixed-tail", "group medians 1,024 to 4,096 tokens, members log-normal "
+            "around them (256 to 16,384)", lengths=_mixed_tail),
+)}
+
+
+def manifest_digest(prompts: list[dict[str, Any]]) -> str:
+    """A digest of a manifest, independent of order: what both modes must share."""
+    lines = sorted(json.dumps(p, sort_keys=True) for p in prompts)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()

@@ -1,0 +1,485 @@
+"""``queue-rollout bench --profile redis-load``: what the control plane costs Redis,
+measured by Redis itself.
+
+One private Redis; every figure comes from its ``INFO commandstats`` (calls, commands
+run inside scripts included), ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) and
+``INFO clients``. The bench's own ``INFO`` calls are left out.
+
+1. **Baseline**: the Redis with nothing attached, for ``idle_s``: its own cost,
+   subtracted from every phase after.
+2. **The collector alone**: a collector of a farm with no GPUs, for ``idle_s``: what a
+   farm costs Redis whatever its size (its leader lease, admission and reconciler
+   ticks), kept apart so that it is not counted once per GPU.
+3. **Idle farm**: an ``up``-shaped farm of ``gpus`` simulated GPUs (each its own sim
+   replica, worker supervisor and episode process of ``slots`` threads) and the
+   collector, with nothing to do, for ``idle_s``: calls/s, Redis CPU and connections
+   per GPU, the collector's own subtracted.
+4. **Bursts**: ``burst_rounds`` times ``burst_groups`` groups of tiny episodes through
+   the whole farm (submit, admission, RQ, the workers, judgement, batches taken and
+   acknowledged): Redis commands and CPU per episode, the idle rate subtracted; the
+   median round is the figure (on a shared 2-core machine single rounds differ by
+   tens of percent), every round is in the JSON.
+5. **Running**: every slot holding a long episode (its lease renewed every lease / 3),
+   for ``run_s``: the cost per running episode, the idle rate subtracted.
+
+Then the projection to a farm of ``PROJECT_GPUS`` x ``PROJECT_SLOTS`` slots with
+``PROJECT_EPISODE_S`` episodes: the collector + idle GPUs + busy (episodes/s x cost per
+episode) + running (leases), as a share of one core (Redis runs commands on one
+thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis
+
+from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.config import Config, write_config
+from queue_rollout.errors import InvariantViolation
+from queue_rollout.launch.up import LocalFarm
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port, replica_of
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.procs import Supervised, cli_exe, stop_all
+
+PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
+#: What one Redis must stay under (issue targets): per GPU idle, per episode, ...
+TARGETS = {"idle_calls_per_gpu_s": 4.0, "idle_core_pct_per_gpu": 0.02,
+           "connections_per_gpu": 20.0, "commands_per_episode": 60.0,
+           "redis_cpu_ms_per_episode": 0.35, "running_core_pct_per_episode": 0.001,
+           "projected_core_pct": 95.0}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of Redis's own counters."""
+
+    at: float
+    calls: dict[str, int]  # command -> calls (INFO commandstats), INFO itself left out
+    cpu_s: float  # used_cpu_sys + used_cpu_user
+    clients: int  # connected_clients
+    usec: dict[str, int]  # command -> microseconds spent in it (INFO commandstats)
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def read(client: redis.Redis) -> Sample:
+    stats = client.info("commandstats")
+    cpu = client.info("cpu")
+    clients = client.info("clients")
+    ours = {name.removeprefix("cmdstat_"): v for name, v in stats.items()
+            if name != "cmdstat_info"}
+    return Sample(time.monotonic(), {k: int(v["calls"]) for k, v in ours.items()},
+                  float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+                  int(clients["connected_clients"]),
+                  {k: int(v["usec"]) for k, v in ours.items()})
+
+
+@dataclass(frozen=True)
+class Window:
+    """What happened between two samples."""
+
+    seconds: float
+    calls: dict[str, int]
+    cpu_s: float
+    usec: dict[str, int] = field(default_factory=dict)  # in commands (a script's: EVALSHA)
+
+    @classmethod
+    def between(cls, a: Sample, b: Sample) -> Window:
+        calls = {k: b.calls.get(k, 0) - a.calls.get(k, 0) for k in b.calls}
+        usec = {k: b.usec.get(k, 0) - a.usec.get(k, 0) for k in b.usec}
+        return cls(b.at - a.at, {k: v for k, v in calls.items() if v}, b.cpu_s - a.cpu_s,
+                   {k: v for k, v in usec.items() if v})
+
+    @property
+    def calls_per_s(self) -> float:
+        return sum(self.calls.values()) / self.seconds
+
+    @property
+    def core_pct(self) -> float:
+        return 100.0 * self.cpu_s / self.seconds
+
+    def per_s_above(self, ref: Window) -> dict[str, float]:
+        """Calls per second by command above *ref*'s rate of the same command, most
+        first."""
+        above = {k: v / self.seconds - ref.calls.get(k, 0) / ref.seconds
+                 for k, v in self.calls.items()}
+        return dict(sorted(above.items(), key=lambda kv: -kv[1]))
+
+
+@dataclass
+class RedisLoadResult:
+    gpus: int
+    slots_per_gpu: int
+    baseline: Window
+    idle: Window
+    connections: int  # the farm's, the bench's own left out
+    bursts: list[Window]  # one per round, each of burst_episodes episodes
+    burst_episodes: int
+    running: Window
+    running_episodes: int
+    collector: Window | None = None  # the collector alone (None: counted per GPU)
+    collector_connections: int = 0
+    pause_barrier_s: list[float] = field(default_factory=list)  # each pause() call
+    resume_s: list[float] = field(default_factory=list)  # resume() to every replica going
+    wait_replicas: int = 0  # farm.redis_wait_replicas of the farm measured
+    replicas: int = 0  # replicas following the Redis (at least wait_replicas)
+    placement: str = "any"  # the farm's rollout.placement
+    notes: list[str] = field(default_factory=list)
+
+    # -- per unit, above the empty server ---------------------------------------------
+
+    @property
+    def _fixed(self) -> Window:
+        """What the farm costs whatever its size: the collector alone, else nothing
+        beyond the empty server."""
+        return self.collector if self.collector is not None else self.baseline
+
+    @property
+    def collector_calls_per_s(self) -> float:
+        return self._fixed.calls_per_s - self.baseline.calls_per_s
+
+    @property
+    def collector_core_pct(self) -> float:
+        return self._fixed.core_pct - self.baseline.core_pct
+
+    @property
+    def idle_calls_per_gpu_s(self) -> float:
+        return (self.idle.calls_per_s - self._fixed.calls_per_s) / self.gpus
+
+    @property
+    def idle_core_pct_per_gpu(self) -> float:
+        return (self.idle.core_pct - self._fixed.core_pct) / self.gpus
+
+    @property
+    def connections_per_gpu(self) -> float:
+        return (self.connections - self.collector_connections) / self.gpus
+
+    def _above_idle(self, w: Window) -> tuple[float, float]:
+        """(calls, cpu seconds) of *w* above the idle farm's rates."""
+        return (sum(w.calls.values()) - self.idle.calls_per_s * w.seconds,
+                w.cpu_s - self.idle.cpu_s / self.idle.seconds * w.seconds)
+
+    @property
+    def rounds_cpu_ms_per_episode(self) -> list[float]:
+        return [1000.0 * self._above_idle(w)[1] / self.burst_episodes for w in self.bursts]
+
+    @property
+    def burst(self) -> Window:
+        """The median round by Redis CPU per episode (the first of two middles)."""
+        order = sorted(self.bursts, key=lambda w: self._above_idle(w)[1])
+        return order[(len(order) - 1) // 2]
+
+    @property
+    def commands_per_episode(self) -> float:
+        return self._above_idle(self.burst)[0] / self.burst_episodes
+
+    @property
+    def redis_cpu_ms_per_episode(self) -> float:
+        return 1000.0 * self._above_idle(self.burst)[1] / self.burst_episodes
+
+    @property
+    def running_calls_per_episode_s(self) -> float:
+        return self._above_idle(self.running)[0] / self.running.seconds / self.running_episodes
+
+    @property
+    def running_core_pct_per_episode(self) -> float:
+        return (100.0 * self._above_idle(self.running)[1] / self.running.seconds
+                / self.running_episodes)
+
+    def episode_commands(self) -> dict[str, float]:
+        """Commands per episode by name (the burst, idle not subtracted), largest first."""
+        per = {k: v / self.burst_episodes for k, v in self.burst.calls.items()}
+        return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+    def projection(self, gpus: int = PROJECT_GPUS, slots: int = PROJECT_SLOTS,
+                   episode_s: float = PROJECT_EPISODE_S) -> dict[str, float]:
+        episodes_per_s = gpus * slots / episode_s
+        idle = self.collector_core_pct + self.idle_core_pct_per_gpu * gpus
+        busy = self.redis_cpu_ms_per_episode * episodes_per_s / 10.0  # ms/s -> % of a core
+        running = self.running_core_pct_per_episode * gpus * slots
+        return {"gpus": gpus, "slots": gpus * slots, "episode_s": episode_s,
+                "episodes_per_s": round(episodes_per_s, 1),
+                "idle_calls_per_s": round(self.collector_calls_per_s
+                                          + self.idle_calls_per_gpu_s * gpus),
+                "idle_core_pct": round(idle, 2), "busy_core_pct": round(busy, 2),
+                "running_core_pct": round(running, 2),
+                "sum_core_pct": round(idle + busy + running, 2),
+                "connections": round(self.collector_connections
+                                     + self.connections_per_gpu * gpus)}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "profile": "redis-load", "gpus": self.gpus, "slots_per_gpu": self.slots_per_gpu,
+            "wait_replicas": self.wait_replicas, "replicas": self.replicas,
+            "placement": self.placement,
+            "baseline_core_pct": round(self.baseline.core_pct, 4),
+            "baseline_calls_per_s": round(self.baseline.calls_per_s, 2),
+            "collector_calls_per_s": round(self.collector_calls_per_s, 2),
+            "collector_core_pct": round(self.collector_core_pct, 4),
+            "collector_connections": self.collector_connections,
+            "idle_calls_per_gpu_s": round(self.idle_calls_per_gpu_s, 3),
+            "idle_core_pct_per_gpu": round(self.idle_core_pct_per_gpu, 5),
+            "connections_per_gpu": round(self.connections_per_gpu, 2),
+            "commands_per_episode": round(self.commands_per_episode, 2),
+            "redis_cpu_ms_per_episode": round(self.redis_cpu_ms_per_episode, 4),
+            "rounds_cpu_ms_per_episode": [round(v, 4) for v in self.rounds_cpu_ms_per_episode],
+            "running_calls_per_episode_s": round(self.running_calls_per_episode_s, 4),
+            "running_core_pct_per_episode": round(self.running_core_pct_per_episode, 6),
+            "episode_commands": {k: round(v, 2) for k, v in
+                                 list(self.episode_commands().items())[:25]},
+            # microseconds per episode by command; a script's own commands count in
+            # EVALSHA's time too (commandstats times them both), so these overlap
+            "episode_usec": {k: round(v / self.burst_episodes, 2) for k, v in sorted(
+                self.burst.usec.items(), key=lambda kv: -kv[1])[:12]},
+            "running_commands_per_episode_s": {
+                k: round(v / self.running_episodes, 4)
+                for k, v in list(self.running.per_s_above(self.idle).items())[:12]},
+            "idle_commands_per_gpu_s": {
+                k: round(v / self.gpus, 3)
+                for k, v in list(self.idle.per_s_above(self._fixed).items())[:15]},
+            "pause_barrier_s": _median_max(self.pause_barrier_s),
+            "resume_s": _median_max(self.resume_s),
+            "projection": self.projection(), "targets": TARGETS, "notes": self.notes,
+        }
+
+
+def _median_max(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
+
+
+def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int,
+            placement: str = "any") -> Config:
+    return msgspec.convert({
+        "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state),
+                 "redis_wait_replicas": wait_replicas},
+        "rollout": {"group_size": 8, "batch_size": 16, "max_concurrent_samples": gpus * slots,
+                    "max_staleness": 1_000_000, "placement": placement},
+        "engine": {"replicas": gpus, "slots_per_replica": slots, "threads_per_process": slots,
+                   "step_ms": 4.5, "step_ms_per_request": 0.2},
+        "metrics": {"port": free_port()},
+        "timeouts": {"shutdown_grace": 2},
+    }, Config)
+
+
+def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0,
+                         burst_groups: int = 100, burst_rounds: int = 3, run_s: float = 20.0,
+                         wait_replicas: int = 0, placement: str = "any",
+                         replicas: int | None = None, workdir: Path, logs: bool = True,
+                         progress: Callable[[str], None] = lambda line: None
+                         ) -> RedisLoadResult:
+    """*replicas* (default *wait_replicas*) private replicas follow the Redis (their
+    own traffic is in the baseline); the farm waits for *wait_replicas* of them on
+    every ledger change."""
+    replicas = wait_replicas if replicas is None else replicas
+    if replicas < wait_replicas:
+        raise ValueError(f"{replicas} replicas cannot acknowledge what {wait_replicas} must")
+    workdir.mkdir(parents=True, exist_ok=True)
+    with EmbeddedRedis(workdir / "redis", write_url=False) as server, \
+            contextlib.ExitStack() as followers:
+        for i in range(replicas):
+            followers.callback(replica_of(server, workdir / f"replica{i}").stop)
+        meter = connect(server.url)
+        progress(f"redis-load: baseline, the empty Redis for {idle_s:g}s")
+        a = read(meter)
+        time.sleep(idle_s)
+        baseline = Window.between(a, read(meter))
+        config = _config(server.url, workdir / "farm", gpus, slots, wait_replicas, placement)
+        progress(f"redis-load: a collector alone (a farm of no GPUs) for {idle_s:g}s")
+        alone, alone_clients = _collector_alone(config, meter, workdir, idle_s,
+                                                log=logs)
+        farm = LocalFarm(config, workdir / "farm" / "farm.toml",
+                         log_dir=workdir / "logs" if logs else None)
+        farm.start()
+        stop = threading.Event()
+        try:
+            if not farm.wait_ready(stop):
+                raise InvariantViolation("bench redis-load: the farm did not come up")
+            client = RolloutClient(Ledger.from_config(connect(server.url), config), config)
+            _await_idle_rq_workers(meter, gpus * slots)
+            time.sleep(3.0)  # let start-up settle
+            progress(f"redis-load: {gpus} GPUs x {slots} slots idle for {idle_s:g}s")
+            a = read(meter)
+            time.sleep(idle_s)
+            b = read(meter)
+            idle = Window.between(a, b)
+            connections = b.clients - 2 - replicas  # the meter, the trainer, replicas
+            progress("redis-load: the pause barrier and resume, 10 times")
+            pauses, resumes = _pause_latency(client, rounds=10)
+            bursts: list[Window] = []
+            for r in range(burst_rounds):
+                progress(f"redis-load: burst {r + 1} of {burst_rounds}, {burst_groups} groups "
+                         "of 8 tiny episodes")
+                burst, episodes = _burst(client, meter, burst_groups, tag=f"r{r}")
+                bursts.append(burst)
+            progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
+            running, held = _running(client, meter, gpus * slots, run_s)
+        finally:
+            stop.set()
+            farm.stop()
+            meter.close()
+    return RedisLoadResult(gpus, slots, baseline, idle, connections, bursts, episodes,
+                           running, held, alone, alone_clients, pauses, resumes,
+                           wait_replicas, replicas, placement)
+
+
+def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
+                     log: bool) -> tuple[Window, int]:
+    """Redis's cost of a collector whose farm (a name of its own) has no GPUs, and its
+    connections; the collector is stopped after."""
+    alone = msgspec.structs.replace(
+        config, farm=msgspec.structs.replace(config.farm, name=config.farm.name + "-alone"),
+        metrics=msgspec.structs.replace(config.metrics, port=free_port()))
+    path = workdir / "alone" / "farm.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_config(path, alone)
+    before = read(meter).clients
+    collector = Supervised("collector alone", [cli_exe(), "collector", "-c", str(path)],
+                           log_path=path.parent / "collector.log" if log else None)
+    collector.keep()
+    proc = collector.proc
+    assert proc is not None  # started by its first keep()
+    try:
+        leader = Keys(alone.farm.name).leader
+        deadline = time.monotonic() + 60
+        while not meter.hexists(leader, "holder"):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise InvariantViolation("bench redis-load: the collector alone did not lead")
+            time.sleep(0.2)
+        time.sleep(3.0)  # let start-up settle
+        a = read(meter)
+        time.sleep(idle_s)
+        b = read(meter)
+    finally:
+        stop_all([proc], 30)
+    return Window.between(a, b), max(0, b.clients - before)
+
+
+def _pause_latency(client: RolloutClient, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds of each ``pause()`` (it returns once every worker has paused its replica)
+    and from each ``resume()`` until every replica says it is no longer paused."""
+    from queue_rollout.engines.sglang import SGLangClient
+
+    replicas = [SGLangClient(w["replica"]) for w in client.registry.live().values()]
+    pauses, resumes = [], []
+    for _ in range(rounds):
+        t = time.monotonic()
+        client.pause()
+        pauses.append(time.monotonic() - t)
+        t = time.monotonic()
+        client.resume()
+        while any(r.server_info().get("paused") for r in replicas):
+            time.sleep(0.002)
+        resumes.append(time.monotonic() - t)
+        time.sleep(0.2)
+    return pauses, resumes
+
+
+def _await_idle_rq_workers(client: redis.Redis, count: int, timeout: float = 120.0) -> None:
+    from rq import Worker
+    from rq.serializers import JSONSerializer
+
+    deadline = time.monotonic() + timeout
+    while len(Worker.all(connection=client, serializer=JSONSerializer)) < count:
+        if time.monotonic() > deadline:
+            raise InvariantViolation(f"bench redis-load: fewer than {count} RQ workers")
+        time.sleep(0.5)
+
+
+def _burst(client: RolloutClient, meter: redis.Redis, groups: int, tag: str = ""
+           ) -> tuple[Window, int]:
+    g, b = client.config.rollout.group_size, client.config.rollout.batch_size
+    groups -= groups % b
+    prompts = [{"id": f"burst{tag}-{i}", "prompt": "x", "member_lengths": [4] * g}
+               for i in range(groups)]
+    finished_before = client.ledger.counters().get("finished", 0)
+    a = read(meter)
+    client.submit(prompts)
+    for _ in range(groups // b):
+        batch = client.get_batch(timeout=300)
+        client.train_step(batch, lambda _: None, pause=False)
+    done = read(meter)
+    finished = client.ledger.counters().get("finished", 0) - finished_before
+    if finished != groups * g:
+        raise InvariantViolation(f"bench redis-load: {finished} episodes of {groups * g}")
+    return Window.between(a, done), groups * g
+
+
+def _running(client: RolloutClient, meter: redis.Redis, slots: int, run_s: float
+             ) -> tuple[Window, int]:
+    g = client.config.rollout.group_size
+    step_s = (4.5 + 0.2 * 16) / 1000.0
+    tokens = int((run_s + 30.0) / step_s)  # longer than the window and the fill
+    client.submit([{"id": f"long-{i}", "prompt": "x", "member_lengths": [tokens] * g}
+                   for i in range(slots // g)])
+    deadline = time.monotonic() + 60
+    while client.status()["active_episodes"] < slots:
+        if time.monotonic() > deadline:
+            raise InvariantViolation("bench redis-load: the slots did not fill")
+        time.sleep(0.2)
+    time.sleep(1.0)
+    a = read(meter)
+    time.sleep(run_s)
+    b = read(meter)
+    return Window.between(a, b), slots
+
+
+def redis_load_text(r: dict[str, Any]) -> str:
+    p = r["projection"]
+    lines = [
+        f"bench redis-load: {r['gpus']} GPUs x {r['slots_per_gpu']} slots"
+        + (f", {r['replicas']} replica(s) following" if r["replicas"] else "")
+        + (f", changes wait for {r['wait_replicas']}" if r["wait_replicas"] else "")
+        + f" (empty Redis: {r['baseline_calls_per_s']:.2f} calls/s, "
+        f"{r['baseline_core_pct']:.3f}% of a core, subtracted)",
+        f"  the collector alone           {r['collector_calls_per_s']:10.2f} calls/s, "
+        f"{r['collector_core_pct']:.4f}% of a core, {r['collector_connections']} connections "
+        "(once per farm)",
+        f"  idle calls/s per GPU          {r['idle_calls_per_gpu_s']:10.2f}   (target <= 4)",
+        f"  idle Redis core % per GPU     {r['idle_core_pct_per_gpu']:10.4f}   (target <= 0.02)",
+        f"  connections per GPU           {r['connections_per_gpu']:10.2f}   (target <= 20)",
+        f"  commands per episode          {r['commands_per_episode']:10.2f}   (target <= 60)",
+        f"  Redis CPU ms per episode      {r['redis_cpu_ms_per_episode']:10.4f}   "
+        "(target <= 0.35; the median of "
+        + ", ".join(f"{v:.3f}" for v in r["rounds_cpu_ms_per_episode"]) + ")",
+        f"  core % per running episode    {r['running_core_pct_per_episode']:10.6f}   "
+        "(target <= 0.001)",
+        f"  projection, {p['gpus']} GPUs x {p['slots'] // p['gpus']} slots, "
+        f"{p['episode_s']:g} s episodes ({p['episodes_per_s']:g} episodes/s): idle "
+        f"{p['idle_core_pct']:.1f}% (the collector's included), "
+        f"busy {p['busy_core_pct']:.1f}%, running leases "
+        f"{p['running_core_pct']:.1f}%, sum {p['sum_core_pct']:.1f}% of one core; "
+        f"{p['connections']} connections",
+        "  commands per episode by name: " + ", ".join(
+            f"{k} {v:g}" for k, v in list(r["episode_commands"].items())[:12]),
+        "  idle calls/s per GPU by name: " + ", ".join(
+            f"{k} {v:g}" for k, v in list(r["idle_commands_per_gpu_s"].items())[:8]),
+        f"  pause barrier {r['pause_barrier_s'].get('median', float('nan')) * 1000:.1f} ms, "
+        f"resume {r['resume_s'].get('median', float('nan')) * 1000:.1f} ms (medians)",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # a quick look: python -m queue_rollout.lab.bench.redis_load
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_redis_load_bench(workdir=Path(tmp), idle_s=5, run_s=5,
+                                   progress=lambda s: print(s, file=sys.stderr))
+    print(json.dumps(res.as_json()))

@@ -1,0 +1,112 @@
+"""The redis-load bench: its arithmetic on made-up readings, and one small real run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from queue_rollout.lab.bench.redis_load import (
+    RedisLoadResult,
+    Sample,
+    Window,
+    redis_load_text,
+    run_redis_load_bench,
+)
+
+
+def window(seconds: float, cpu_s: float, **calls: int) -> Window:
+    return Window.between(Sample(0.0, {}, 0.0, 0, {}), Sample(seconds, calls, cpu_s, 0, {}))
+
+
+def test_per_gpu_per_episode_and_projection_arithmetic():
+    r = RedisLoadResult(
+        gpus=4, slots_per_gpu=16,
+        baseline=window(10, 0.01, ping=10),          # 1 call/s, 0.1 % of a core
+        idle=window(10, 0.03, ping=10, hset=30),     # 4 calls/s, 0.3 %
+        connections=40,
+        # three rounds: 800 calls each; 10, 30 and 6 ms above idle (2 s): the median, 10
+        bursts=[window(2, 0.016, hset=808), window(2, 0.036, hset=808),
+                window(2, 0.012, hset=808)],
+        burst_episodes=100,
+        running=window(10, 0.0364, ping=10, hset=30, evalsha=64),  # 64 calls, 6.4 ms above
+        running_episodes=64)
+    assert r.idle_calls_per_gpu_s == pytest.approx(0.75)
+    assert r.idle_core_pct_per_gpu == pytest.approx(0.05)
+    assert r.connections_per_gpu == 10
+    assert r.commands_per_episode == pytest.approx(8.0)
+    assert r.redis_cpu_ms_per_episode == pytest.approx(0.1)
+    assert r.running_calls_per_episode_s == pytest.approx(0.1)
+    assert r.running_core_pct_per_episode == pytest.approx(0.001)
+    p = r.projection(gpus=1024, slots=16, episode_s=10)
+    assert p["episodes_per_s"] == pytest.approx(1638.4)
+    assert p["idle_core_pct"] == pytest.approx(51.2)
+    assert p["busy_core_pct"] == pytest.approx(16.38, abs=0.01)
+    assert p["running_core_pct"] == pytest.approx(16.38, abs=0.01)
+    assert p["sum_core_pct"] == pytest.approx(51.2 + 16.38 + 16.38, abs=0.02)
+    assert p["connections"] == 10240
+    assert r.rounds_cpu_ms_per_episode == pytest.approx([0.1, 0.3, 0.06])
+
+
+def test_the_collector_counts_once_per_farm_not_once_per_gpu():
+    r = RedisLoadResult(
+        gpus=4, slots_per_gpu=16,
+        baseline=window(10, 0.01, ping=10),               # 1 call/s, 0.1 %
+        collector=window(10, 0.018, ping=10, hget=30),    # +3 calls/s, +0.08 %
+        collector_connections=3,
+        idle=window(10, 0.03, ping=10, hget=30, hset=20),  # +2 calls/s, +0.12 % for 4 GPUs
+        connections=43,
+        bursts=[window(2, 0.016, hset=808)], burst_episodes=100,
+        running=window(10, 0.0364, ping=10, hset=30, evalsha=64), running_episodes=64)
+    assert r.collector_calls_per_s == pytest.approx(3.0)
+    assert r.collector_core_pct == pytest.approx(0.08)
+    assert r.idle_calls_per_gpu_s == pytest.approx(0.5)
+    assert r.idle_core_pct_per_gpu == pytest.approx(0.03)
+    assert r.connections_per_gpu == 10
+    p = r.projection(gpus=1024, slots=16, episode_s=10)
+    assert p["idle_core_pct"] == pytest.approx(0.08 + 0.03 * 1024)
+    assert p["idle_calls_per_s"] == 3 + 512
+    assert p["connections"] == 3 + 10240
+    out = r.as_json()
+    assert (out["collector_core_pct"], out["collector_connections"]) == (0.08, 3)
+    assert out["idle_commands_per_gpu_s"] == {"hset": 0.5, "ping": 0.0, "hget": 0.0}
+    # what the GPUs add comes first, not what the idle farm called most (the collector's)
+    assert next(iter(out["idle_commands_per_gpu_s"])) == "hset"
+
+
+@pytest.mark.bench
+def test_a_small_farm_is_measured_end_to_end(tmp_path):
+    """With a replica following the Redis, not waited for (`--replicas 1`)."""
+    lines: list[str] = []
+    res = run_redis_load_bench(gpus=1, slots=8, idle_s=1.0, run_s=1.0, burst_groups=16,
+                               burst_rounds=2, replicas=1, workdir=tmp_path,
+                               progress=lines.append)
+    out = res.as_json()
+    json.dumps(out)
+    assert out["profile"] == "redis-load" and (out["gpus"], out["slots_per_gpu"]) == (1, 8)
+    assert res.burst_episodes == 128 and res.running_episodes == 8
+    assert len(out["rounds_cpu_ms_per_episode"]) == 2
+    assert out["redis_cpu_ms_per_episode"] in out["rounds_cpu_ms_per_episode"]
+    # the collector alone: its leader lease and ticks cost calls and a connection (counts
+    # of its window; the figure above the empty server is a difference of two rates)
+    assert res.collector is not None and res.collector.calls.get("evalsha", 0) > 0
+    assert out["collector_connections"] >= 1 and "collector_calls_per_s" in out
+    # every episode costs Redis something: the ledger's scripts at least
+    assert out["commands_per_episode"] > 5 and out["episode_commands"].get("evalsha", 0) > 1
+    assert out["connections_per_gpu"] >= 2  # a supervisor and an episode process at least
+    assert (out["replicas"], out["wait_replicas"]) == (1, 0)
+    assert "wait" not in out["episode_commands"]  # followed, not waited for
+    assert out["projection"]["gpus"] == 1024
+    assert {"median"} <= set(out["pause_barrier_s"]) and {"median"} <= set(out["resume_s"])
+    assert "commands per episode" in redis_load_text(out)
+    assert (tmp_path / "logs" / "worker-0.log").exists()
+
+
+def test_fewer_replicas_than_every_change_waits_for_is_refused(tmp_path, capsys):
+    from queue_rollout.cli.main import main
+
+    toml = tmp_path / "farm.toml"
+    toml.write_text(f'[farm]\nstate_dir = "{tmp_path}"\n')
+    assert main(["bench", "--profile", "redis-load", "--replicas", "0", "--wait-replicas", "1",
+                 "-c", str(toml)]) == 2
+    assert "--replicas 0: fewer than the --wait-replicas 1" in capsys.readouterr().err

@@ -1,0 +1,190 @@
+"""The seed's workload pilots: the thinking-length distribution, the profiles' shapes,
+a small multi-turn pilot with rolling consumption through the real stack (audited per
+call), and the calibration block."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+
+import pytest
+
+from queue_rollout.engines.sglang import episode_seed, turn_rid
+from queue_rollout.lab.bench.agentic import AgenticParams, agentic_manifest
+from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot
+from queue_rollout.lab.bench.profiles import Profile, Scale, Shape
+from queue_rollout.lab.bench.seed_pilots import (
+    BOBA_PARAMS,
+    SEED_PILOTS,
+    calibration_achieved,
+    swe_profile,
+)
+from queue_rollout.lab.bench.thinking import cap_share, thinking_lengths
+
+
+def test_thinking_lengths_have_the_seed_mean_a_mass_at_the_cap_and_differ():
+    lengths = thinking_lengths(128, 8, BOBA_PARAMS)
+    assert lengths == thinking_lengths(128, 8, BOBA_PARAMS)
+    members = [n for ms in lengths.values() for n in ms]
+    assert 10_000 < statistics.mean(members) < 11_500  # the seed: 10,729
+    assert max(members) == BOBA_PARAMS.cap and 0.05 < cap_share(lengths, BOBA_PARAMS.cap) < 0.4
+    assert min(members) >= BOBA_PARAMS.min_tokens
+    assert sum(len(set(ms)) > 1 for ms in lengths.values()) > 0.9 * 128  # members differ
+
+
+def test_the_seed_profiles_carry_their_shape_scale_seed_and_calibration():
+    swe, boba, b8 = (SEED_PILOTS[n]() for n in ("swe-agentic", "boba-math", "boba-math-b8"))
+    assert swe.shape and swe.shape.prompts == 192 and swe.shape.stop_after == 10
+    assert swe.shape.train_batches == 0 and swe.shape.slots == 128
+    assert boba.shape and boba.shape.batch_size == 16 and boba.shape.train_batches == 6
+    assert b8.shape and b8.shape.batch_size == 8 and b8.shape.slots == 128
+    assert boba.lengths and b8.lengths and boba.lengths(128, 8) == b8.lengths(128, 8)
+    for p in (swe, boba, b8):
+        assert p.seed and "group" in p.seed and p.calibration and p.calibration["fitted"]
+    # B8 runs the lengths fitted at B16, with no targets of its own to be judged on
+    assert b8.calibration["fitted"] == boba.calibration["fitted"]
+    assert "targets" not in b8.calibration and b8.calibration["fitted_on"] == "boba-math"
+    assert boba.calibration["targets"]["mean_rollout_interval_s"] == 105.2
+    assert set(swe.calibration["fitted"]) == {"tool_median_s", "gen_median", "turns_sigma",
+                                              "difficulty_sigma"}
+    # the manifest at a scale: prompt ids of its own per group, turns scaled
+    assert swe.scale is not None
+    prompts = swe.manifest(swe.shape, swe.scale)
+    assert len(prompts) == 192 and len(prompts[0]["input_ids"]) == 256
+    assert prompts[0]["input_ids"][0] != prompts[1]["input_ids"][0]
+    raw = swe.turns(192, 8)["swe-0000"][0] if swe.turns else None
+    first = prompts[0]["member_turns"][0]
+    turns = first["turns"] if isinstance(first, dict) else first
+    raw_turns = raw["turns"] if isinstance(raw, dict) else raw
+    assert turns[0]["gen"] == swe.scale.length(raw_turns[0]["gen"])
+    assert turns[0]["tool_s"] == pytest.approx(raw_turns[0]["tool_s"] * swe.scale.time)
+
+
+# -- a small multi-turn pilot through the real stack -------------------------------------
+
+TINY = AgenticParams(turns_median=3, turns_sigma=0.4, max_turns=6, difficulty_sigma=0.3,
+                     gen_median=96, gen_min=16, gen_max=256, tool_median_s=1.0,
+                     tool_sigma=0.5, tool_max_s=3.0, tool_tokens_median=64,
+                     tool_tokens_max=256, harness_share=0.1)
+SMALL = Shape(prompts=10, group_size=4, batch_size=2, replicas=2, slots_per_replica=4,
+              train_s=0.0, train_batches=0, stop_after=3)
+FAST = Scale(time=0.05, tokens=0.25)
+
+
+@pytest.fixture(scope="module")
+def small_swe(tmp_path_factory, redis_server):
+    profile = dataclasses.replace(swe_profile(), turns=lambda n, g: agentic_manifest(n, g, TINY),
+                                  prompt_tokens=256, shape=SMALL, scale=FAST)
+    bench = open_bench(tmp_path_factory.mktemp("swe"), SMALL, FAST, redis_server.url,
+                       lambda line: None)
+    try:
+        result, runs = run_pilot(bench, profile, max_staleness=2)  # raises on a bad audit
+    finally:
+        bench.stop()
+    return profile, result, runs
+
+
+@pytest.mark.bench
+def test_a_small_agentic_pilot_rolls_to_its_batch_and_passes_the_per_call_audit(small_swe):
+    _profile, result, runs = small_swe
+    assert result["seed"]["group"]["accepted_groups_per_hour"] == 73.82
+    assert result["shape"]["stop_after"] == 3
+    for mode in ("group", "sample"):
+        run, m = runs[mode], result["modes"][mode]
+        assert len(run.ready) == 3 and not run.pauses  # rolling: no training pause
+        assert len(run.delivered) == 6
+        # active episodes from the ledger (tool waits included) exceed running requests
+        assert m["mean_active_episodes"] > m["mean_running_requests"] > 0
+        assert m["batches_ready_s"] == m["all_work_completion_s"] == pytest.approx(
+            run.ready[-1], abs=1e-3)
+        assert m["accepted_groups_per_hour"] == pytest.approx(2 * 2 / (run.ready[2] - run.ready[0])
+                                                              * 3600, rel=1e-3)
+        assert m["ideal"]["first_batch_s"] > 0  # the ideal schedule: virtual time
+        assert m["ideal_ratio"] == pytest.approx(
+            m["all_work_completion_s"] / m["ideal"]["all_work_completion_s"], abs=0.01)
+        assert 0 < m["ideal"]["gpu_busy"] <= 1
+    json.dumps(result)
+
+
+@pytest.mark.bench
+def test_the_per_call_audit_names_a_lost_or_wrong_call(small_swe):
+    profile, _, runs = small_swe
+    assert profile.shape and profile.scale
+    prompts = profile.manifest(profile.shape, profile.scale)
+    assert audit(prompts, [runs["group"]], complete=False) == []
+    run = runs["group"]
+    gid = next(iter(run.delivered))
+    seed = episode_seed(0, gid, 0)
+    first = next(r for r in run.requests if r["seed"] == seed)
+    second = dataclasses.replace(run, requests=[dict(r, tokens=r["tokens"] + 1)
+                                                if r is first else r for r in run.requests])
+    assert any(f"group {gid} member 0 call 0: {first['tokens'] + 1} tokens" in p
+               for p in audit(prompts, [second], complete=False))
+    lost = dataclasses.replace(run, requests=[r for r in run.requests if r is not first])
+    assert any(f"group {gid} member 0 call 0: 0 requests" in p
+               for p in audit(prompts, [lost], complete=False))
+    # a later call whose rid is not its attempt's turn rid
+    later = next(r for r in run.requests if r["rid"].endswith("-t001")
+                 and any(r["seed"] == episode_seed(episode_seed(0, g, m), "turn", 1)
+                         for g in run.delivered for m in range(4)))
+    renamed = dataclasses.replace(run, requests=[
+        dict(r, rid=turn_rid("other", 1)) if r is later else r for r in run.requests])
+    assert any("is not turn 1 of attempt" in p for p in audit(prompts, [renamed], complete=False))
+    # everything was to be delivered: the groups still in flight are named
+    assert any("groups not delivered" in p for p in audit(prompts, [run], complete=True))
+
+
+@pytest.mark.bench
+def test_the_calibration_block_reports_what_the_group_ideal_gives(small_swe):
+    profile, _result, runs = small_swe
+    assert profile.shape and profile.scale
+    out = {"calibration": {"targets": {"accepted_groups_per_hour": 1.0,
+                                       "mean_active_episodes": 1.0}}}
+    calibration_achieved(out, runs["group"], profile, profile.shape, profile.scale)
+    ideal = runs["group"].ideal
+    assert ideal is not None
+    achieved = out["calibration"]["achieved"]
+    assert achieved["mean_active_episodes"] == pytest.approx(ideal.mean_in_flight, abs=1e-3)
+    assert achieved["accepted_groups_per_hour"] == pytest.approx(
+        ideal.steady_groups_per_hour(2) * FAST.time, rel=1e-3)
+    assert out["calibration"]["worst_error"] == pytest.approx(
+        max(abs(achieved[k] - 1) for k in achieved), abs=1e-3)
+
+
+def test_a_mode_run_without_pauses_counts_groups_per_hour_first_to_last_batch():
+    run = ModeRun("group", slots=8, ready=[10.0, 20.0, 40.0], batch_size=4)
+    assert run.accepted_groups_per_hour == pytest.approx(2 * 4 / 30 * 3600)
+    assert run.median_batch_interval == pytest.approx(15.0)
+
+
+def test_a_profile_without_episodes_is_refused():
+    with pytest.raises(ValueError, match="profile none: neither lengths nor turns"):
+        Profile("none", "no episodes").manifest(Shape(), Scale())
+
+
+@pytest.mark.bench
+def test_sensitivity_changes_one_choice_at_a_time_in_the_ideal_schedule(redis_server, tmp_path):
+    from queue_rollout.lab.bench.seed_pilots import BOBA_SCALE, sensitivity
+
+    lines: list[str] = []
+    rows = sensitivity("boba-math-b8", redis_server.url, BOBA_SCALE, 2, tmp_path, lines.append)
+    assert [r["choice"] for r in rows][:2] == ["groups alike (difficulty sigma 0.1)",
+                                               "groups differ more (difficulty sigma 0.5)"]
+    for row in rows:
+        for mode in ("group", "sample"):
+            assert row[mode]["mean_rollout_interval_s"] > 0
+        assert row["change"]["mean_rollout_interval_s"] == pytest.approx(
+            row["sample"]["mean_rollout_interval_s"] / row["group"]["mean_rollout_interval_s"] - 1,
+            abs=1e-3)
+    pools = {r["choice"]: r["group"]["all_work_completion_s"] for r in rows}
+    # a quarter of the KV room makes the same work slower
+    assert pools["KV pool 110,000 tokens"] > pools["KV pool 440,000 tokens"]
+    assert len(lines) == len(rows)
+
+
+def test_refit_is_refused_for_a_profile_without_a_calibration(capsys):
+    from queue_rollout.cli.main import main
+
+    assert main(["bench", "--profile", "long-tail", "--refit"]) == 2
+    assert "long-tail has no calibration to fit" in capsys.readouterr().err
