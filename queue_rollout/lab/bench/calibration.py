@@ -15,7 +15,8 @@ from typing import Any
 
 from queue_rollout.config import PauseMode
 from queue_rollout.lab.bench.pilot import Bench
-from queue_rollout.lab.bench.profiles import PILOTS, Scale, Shape
+from queue_rollout.lab.bench.profiles import PILOTS
+from queue_rollout.lab.virtual.shape import Scale, Shape
 
 #: The reference's figures (s): mean rollout interval, all-work completion.
 REFERENCE: dict[str, dict[str, tuple[float, float]]] = {

@@ -23,14 +23,15 @@ from queue_rollout.lab.bench.pilot import (
     Bench,
     ModeRun,
     changes,
-    ideal_schedule,
     mode_json,
     run_audited,
     shape_json,
 )
-from queue_rollout.lab.bench.profiles import PILOTS, Profile, Scale, Shape
+from queue_rollout.lab.bench.profiles import PILOTS, Profile
 from queue_rollout.lab.sim.model import recomputed_tokens
 from queue_rollout.lab.virtual.farm import SimReport, long_tail_lengths
+from queue_rollout.lab.virtual.ideal import ideal_schedule
+from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.ledger.connection import connect
 
 KV_PRESSURE = Profile(

@@ -19,13 +19,14 @@ from queue_rollout.config import Placement
 from queue_rollout.lab.bench.kv_pressure import KV_PRESSURE, run_kv_pressure
 from queue_rollout.lab.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
 from queue_rollout.lab.bench.placement import LONG_PROMPT, run_long_prompt
-from queue_rollout.lab.bench.profiles import PILOTS, Profile, Scale, Shape
+from queue_rollout.lab.bench.profiles import PILOTS, Profile
 from queue_rollout.lab.bench.seed_pilots import (
     SEED_PILOTS,
     calibration_achieved,
     refit,
     sensitivity,
 )
+from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 

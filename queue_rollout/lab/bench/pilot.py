@@ -30,24 +30,30 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import redis
 from rq import Queue, Worker
 
 from queue_rollout.client.rollout import RolloutClient, stand_in_training
-from queue_rollout.config import Config, EngineConfig, PauseMode, RolloutConfig
+from queue_rollout.config import Config, PauseMode
 from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.lab.bench.profiles import Profile, Scale, Shape, manifest_digest
+from queue_rollout.lab.bench.profiles import Profile, manifest_digest
 from queue_rollout.lab.bench.redis_load import Window, read
-from queue_rollout.lab.sim.server import text_tokens
-from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.lab.virtual.farm import (
-    SimFarm,
     SimReport,
-    Turn,
     median_batch_interval,
     steady_groups_per_hour,
 )
+from queue_rollout.lab.virtual.ideal import (
+    adaptive_interval_s,
+    ideal_json,
+    ideal_schedule,
+    kv_settings,
+    num,
+    rollout_settings,
+    schedule_figures,
+    sim_turns,
+)
+from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.launch.up import LocalFarm, start_sim_engines
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
@@ -331,67 +337,6 @@ class Bench:
             client.close()
 
 
-def adaptive_interval_s(scale: Scale) -> float:
-    """How often a worker looks at its replica's KV room at *scale*: the shipped
-    ``engine.adaptive_interval_s`` scaled by time."""
-    return EngineConfig().adaptive_interval_s * scale.time
-
-
-def kv_settings(shape: Shape, scale: Scale) -> dict[str, Any]:
-    """The engine model's prefill and KV settings at *scale*: sizes scale with tokens,
-    the prefill rate so that a prefill takes the scaled time."""
-    return {"prefill_tokens_per_s": shape.prefill_tokens_per_s / scale.step_factor,
-            "chunked_prefill_size": scale.length(shape.chunked_prefill_size),
-            "max_total_tokens": scale.length(shape.max_total_tokens)}
-
-
-def rollout_settings(shape: Shape, mode: str, max_staleness: int,
-                     placement: str = "any", adaptive: bool = False) -> dict[str, object]:
-    """The ``[rollout]`` section of *mode* on *shape*: group mode admits whole groups
-    into the slots, sample mode one member per slot (``"auto"`` with *adaptive*
-    concurrency: the workers' limits); *placement* as ``rollout.placement``."""
-    rollout: dict[str, object] = {
-        "group_size": shape.group_size, "batch_size": shape.batch_size,
-        "max_concurrent_rollouts": shape.slots // shape.group_size,
-        "max_staleness": max_staleness, "placement": placement}
-    if mode == "sample":
-        rollout["max_concurrent_samples"] = "auto" if adaptive else shape.slots
-    return rollout
-
-
-def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
-                   prompts: list[dict[str, Any]], mode: str, max_staleness: int, farm: str,
-                   *, pause_mode: PauseMode = "in_place", placement: str = "any",
-                   adaptive: bool = False, ignore_eos: bool = False,
-                   on_progress: Callable[[SimFarm], None] | None = None) -> SimReport:
-    """The ideal schedule of a policy: the ledger's scripts on *client* under the farm
-    name *farm* (a new one) and the engine model, in virtual time, with zero
-    control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it.
-    *ignore_eos*: as :class:`SimFarm` takes it."""
-    s, f = shape, scale.step_factor
-    clock = ManualClock()
-    rollout = msgspec.convert(
-        rollout_settings(shape, mode, max_staleness, placement, adaptive), RolloutConfig)
-    ledger = Ledger(client, farm, rollout, clock=clock)
-    episodes: dict[str, Any] = (
-        {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
-                          for p in prompts}}
-        if "member_turns" in prompts[0] else
-        {"lengths": {p["id"]: p["member_lengths"] for p in prompts}})
-    return SimFarm(
-        ledger, clock, **episodes,
-        replicas=s.replicas, slots_per_replica=s.slots_per_replica,
-        step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
-        step_us_per_context_token=s.step_us_per_context_token * f / scale.tokens,
-        train_s=s.train_s * scale.time, train_batches=s.train_batches,
-        capacity_slots=s.slots, **kv_settings(shape, scale), pause_mode=pause_mode,
-        prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
-        stop_after=s.stop_after, on_progress=on_progress,
-        adaptive_floor=s.min_slots_per_replica if adaptive else None,
-        adapt_every_s=adaptive_interval_s(scale), ignore_eos=ignore_eos,
-    ).run()
-
-
 class RunningSampler:
     """Samples how many attempts the ledger holds running (its lease set), every
     *period* seconds on a thread, as (seconds since *t0*, count)."""
@@ -412,23 +357,6 @@ class RunningSampler:
         self._stop.set()
         self._thread.join()
         return self.samples
-
-
-def prompt_length(prompt: dict[str, Any]) -> int:
-    """The tokens a prompt puts before its output: ``prompt_tokens`` where a workload
-    gives only the count, else its ``input_ids``, else its text's."""
-    if "prompt_tokens" in prompt:
-        return int(prompt["prompt_tokens"])
-    if "input_ids" in prompt:
-        return len(prompt["input_ids"])
-    return len(text_tokens(prompt["prompt"]))
-
-
-def sim_turns(member: Any) -> list[Turn]:
-    """One ``member_turns`` entry as the virtual farm's turns."""
-    turns = member["turns"] if isinstance(member, dict) else member
-    return [(t["gen"], float(t.get("tool_s", 0.0)), int(t.get("tool_tokens", 0)))
-            for t in turns]
 
 
 def manifest_turns(prompt: dict[str, Any]) -> list[list[int]]:
@@ -517,26 +445,6 @@ def _audit_calls(tag: str, gid: str, member: int, lengths: list[int],
     return []
 
 
-def _num(value: float, digits: int) -> float | None:
-    """*value* rounded, None where it is undefined (JSON has no NaN)."""
-    return None if math.isnan(value) else round(value, digits)
-
-
-def schedule_figures(ready: list[float], pause_ends: list[float], batch_size: int,
-                     train_batches: int) -> dict[str, float | None]:
-    """What the batch-ready times alone say: first and last batch ready, the median
-    time between batches, the mean cycle (batch k-1 ready to batch k ready, k = 2 up
-    to the last trained batch: the rollout and the pause), the steady groups/hour (batch
-    1 ready to the last trained one; with rolling consumption, to the last)."""
-    cycles = [ready[k] - ready[k - 1] for k in range(1, min(len(ready), train_batches))]
-    steady = ready[:train_batches] if train_batches else ready
-    return {"first_batch_s": _num(ready[0] if ready else math.nan, 3),
-            "batches_ready_s": _num(ready[-1] if ready else math.nan, 3),
-            "median_batch_interval_s": _num(median_batch_interval(ready), 3),
-            "mean_cycle_s": _num(sum(cycles) / len(cycles) if cycles else math.nan, 3),
-            "steady_groups_per_hour": _num(steady_groups_per_hour(steady, batch_size), 1)}
-
-
 def mode_json(run: ModeRun, scale: Scale, shape: Shape, multi_turn: bool) -> dict[str, Any]:
     """One mode's figures. *multi_turn*: active episodes are the ledger's running
     attempts (tool waits included); else the replicas' running requests."""
@@ -546,42 +454,24 @@ def mode_json(run: ModeRun, scale: Scale, shape: Shape, multi_turn: bool) -> dic
     times = schedule_figures(run.ready, [end for _, end in run.pauses], shape.batch_size,
                              shape.train_batches)
     out: dict[str, Any] = {
-        "mean_rollout_interval_s": _num(run.mean_rollout_interval, 3),
-        "all_work_completion_s": _num(run.all_work_s, 3),
+        "mean_rollout_interval_s": num(run.mean_rollout_interval, 3),
+        "all_work_completion_s": num(run.all_work_s, 3),
         "mean_active_episodes": round(active, 2),
         "mean_running_requests": round(run.mean_active, 2),
         "slot_occupancy": round(active / run.slots, 4),
-        "ideal_ratio": _num(run.all_work_s / ideal_all, 4),
-        "accepted_groups_per_hour": _num(run.accepted_groups_per_hour, 1),
+        "ideal_ratio": num(run.all_work_s / ideal_all, 4),
+        "accepted_groups_per_hour": num(run.accepted_groups_per_hour, 1),
         "output_tokens": run.output_tokens,
         **times,
     }
     out["reference"] = {  # scaled back to the reference's seconds and tokens
         **{k: None if v is None else round(v / scale.time, 2) for k, v in out.items()
            if k.endswith("_s")},
-        "accepted_groups_per_hour": _num(run.accepted_groups_per_hour * scale.time, 1),
+        "accepted_groups_per_hour": num(run.accepted_groups_per_hour * scale.time, 1),
         "output_tokens": round(run.output_tokens / scale.tokens),
     }
     out["ideal"] = None if ideal is None else ideal_json(ideal, shape, multi_turn)
     return out
-
-
-def ideal_json(ideal: SimReport, shape: Shape, multi_turn: bool) -> dict[str, Any]:
-    """An ideal schedule's figures (the bench's ``ideal`` block, ``plan``'s rows)."""
-    active = ideal.mean_in_flight if multi_turn else ideal.mean_active
-    return {
-        "mean_rollout_interval_s": _num(ideal.mean_rollout_interval, 3),
-        "all_work_completion_s": round(ideal.all_work_s, 3),
-        "mean_active_episodes": round(active, 2),
-        "mean_running_requests": round(ideal.mean_active, 2),
-        "slot_occupancy": round(active / ideal.slots, 4),
-        "gpu_busy": round(ideal.gpu_busy, 4),
-        "retractions": ideal.retractions,
-        "prefill_tokens": ideal.prefill_tokens,
-        "prefill_tokens_cached": ideal.cached_tokens,
-        **schedule_figures(ideal.ready_times, ideal.pause_ends, shape.batch_size,
-                           shape.train_batches),
-    }
 
 
 CHANGE_KEYS = ("mean_rollout_interval_s", "all_work_completion_s", "mean_active_episodes",

@@ -24,8 +24,9 @@ from queue_rollout.lab.bench.pilot import (
     run_audited,
     shape_json,
 )
-from queue_rollout.lab.bench.profiles import Profile, Scale, Shape
+from queue_rollout.lab.bench.profiles import Profile
 from queue_rollout.lab.virtual.farm import long_tail_lengths
+from queue_rollout.lab.virtual.shape import Scale, Shape
 
 LONG_PROMPT = Profile(
     "long-prompt", "4,096-token prompts, one per group; members 7 x 1,024 + 1 x 16,384 "

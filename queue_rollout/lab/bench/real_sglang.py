@@ -48,16 +48,10 @@ from queue_rollout.engines.concurrency import metric_totals
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
 from queue_rollout.lab.bench.fit import least_squares
-from queue_rollout.lab.bench.pilot import (
-    Bench,
-    ModeRun,
-    audit,
-    ideal_json,
-    ideal_schedule,
-    mode_json,
-    shape_json,
-)
-from queue_rollout.lab.bench.profiles import Profile, Scale, Shape
+from queue_rollout.lab.bench.pilot import Bench, ModeRun, audit, mode_json, shape_json
+from queue_rollout.lab.bench.profiles import Profile
+from queue_rollout.lab.virtual.ideal import ideal_json, ideal_schedule
+from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.launch.node import (
     CPU_SGLANG_ARGS,
     check_sglang_python,

@@ -29,16 +29,12 @@ from typing import Any
 
 from queue_rollout.lab.bench.agentic import AgenticParams, agentic_manifest
 from queue_rollout.lab.bench.fit import Fit, fit
-from queue_rollout.lab.bench.pilot import (
-    Bench,
-    ModeRun,
-    changes,
-    manifest_turns,
-    schedule_figures,
-)
-from queue_rollout.lab.bench.profiles import Profile, Scale, Shape
+from queue_rollout.lab.bench.pilot import Bench, ModeRun, changes, manifest_turns
+from queue_rollout.lab.bench.profiles import Profile
 from queue_rollout.lab.bench.thinking import ThinkingParams, cap_share, thinking_lengths
 from queue_rollout.lab.virtual.farm import SimReport
+from queue_rollout.lab.virtual.ideal import schedule_figures
+from queue_rollout.lab.virtual.shape import Scale, Shape
 
 SWE_SHAPE = Shape(prompts=192, train_s=0.0, train_batches=0, stop_after=10)
 SWE_SCALE = Scale(time=1 / 60, tokens=0.125)

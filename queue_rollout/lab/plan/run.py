@@ -1,7 +1,7 @@
 """The runs of a plan: one ideal schedule per setting on a private Redis.
 
 Each (mode, max_staleness) runs the bench's ideal schedule
-(:func:`~queue_rollout.lab.bench.pilot.ideal_schedule`): the ledger's real scripts on a
+(:func:`~queue_rollout.lab.virtual.ideal.ideal_schedule`): the ledger's real scripts on a
 private embedded redis-server, its clock set to virtual time, and the engine model. The
 run's own ledger cost is read from that Redis (``INFO commandstats`` and ``INFO cpu``
 before and after), so it counts the scripts' commands and Redis's CPU per episode,
@@ -20,10 +20,10 @@ from typing import Any
 
 import redis
 
-from queue_rollout.lab.bench.pilot import ideal_json, ideal_schedule
-from queue_rollout.lab.bench.profiles import Scale, Shape
 from queue_rollout.lab.bench.redis_load import Window, read
 from queue_rollout.lab.virtual.farm import SimFarm, SimReport
+from queue_rollout.lab.virtual.ideal import ideal_json, ideal_schedule
+from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys

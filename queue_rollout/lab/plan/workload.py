@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.errors import BadInput
-from queue_rollout.lab.bench.profiles import Scale
+from queue_rollout.lab.virtual.shape import Scale
 
 
 class WorkloadError(BadInput):

@@ -11,7 +11,8 @@ import pytest
 from queue_rollout.engines.sglang import episode_seed
 from queue_rollout.errors import InvariantViolation
 from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot, window_sweep
-from queue_rollout.lab.bench.profiles import PILOTS, Scale, Shape, manifest_digest
+from queue_rollout.lab.bench.profiles import PILOTS, manifest_digest
+from queue_rollout.lab.virtual.shape import Scale, Shape
 
 SMALL = Shape(prompts=8, group_size=4, batch_size=2, replicas=2, slots_per_replica=4,
               train_batches=2)

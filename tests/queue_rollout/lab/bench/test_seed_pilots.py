@@ -13,7 +13,7 @@ import pytest
 from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.lab.bench.agentic import AgenticParams, agentic_manifest
 from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot
-from queue_rollout.lab.bench.profiles import Profile, Scale, Shape
+from queue_rollout.lab.bench.profiles import Profile
 from queue_rollout.lab.bench.seed_pilots import (
     BOBA_PARAMS,
     SEED_PILOTS,
@@ -21,6 +21,7 @@ from queue_rollout.lab.bench.seed_pilots import (
     swe_profile,
 )
 from queue_rollout.lab.bench.thinking import cap_share, thinking_lengths
+from queue_rollout.lab.virtual.shape import Scale, Shape
 
 
 def test_thinking_lengths_have_the_seed_mean_a_mass_at_the_cap_and_differ():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_rollout.lab.bench.profiles import Scale
 from queue_rollout.lab.plan.workload import WorkloadError, read_shapes, sample_manifest
+from queue_rollout.lab.virtual.shape import Scale
 
 GROUPS = [
     {"prompt_tokens": 100, "members": [{"output_tokens": n} for n in (10, 20, 30, 40)]},
