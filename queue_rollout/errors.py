@@ -25,6 +25,11 @@ class ConfigError(QueueRolloutError):
     exit_code = 2
 
 
+class SchemaMismatch(ConfigError):
+    """The farm's ledger was written in another schema than this release reads: drain
+    the farm with the release that runs it first."""
+
+
 class BadInput(QueueRolloutError):
     """Input data (prompts, arguments) is invalid; nothing was changed."""
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from queue_rollout.config import decode_config
-from queue_rollout.errors import ConfigError
+from queue_rollout.errors import ConfigError, SchemaMismatch
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.ledger.shape import check_shape
+from queue_rollout.ledger.shape import SCHEMA, check_shape
 from queue_rollout.procs import cli_exe
 
 
@@ -27,6 +27,7 @@ def test_the_first_process_records_the_shape_and_a_match_passes(r, redis_url):
     config = decode_config(farm_toml(redis_url))
     Ledger.from_config(r, config)
     record = json.loads(r.get(Keys("s").shape))
+    assert record["schema"] == SCHEMA == 1
     assert record["shape"] == {"rollout.group_size": 4, "workflow.name": "controlled_length",
                                "workflow.seed": 0, "rollout.placement": "any"}
     Ledger.from_config(r, decode_config(farm_toml(redis_url, "max_staleness = 5\n")))
@@ -108,3 +109,38 @@ def test_the_collector_node_and_trainer_commands_refuse_another_workflow(
     assert done.returncode == 2, done.stderr
     assert 'workflow.name = "noop" here, "controlled_length" in the farm' in done.stderr
     assert redis_snapshot() == before
+
+
+def test_a_ledger_of_another_schema_is_refused_and_changes_nothing(r, redis_url, redis_snapshot,
+                                                                    tmp_path: Path):
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    record = json.loads(r.get(Keys("s").shape))
+    r.set(Keys("s").shape, json.dumps({**record, "schema": SCHEMA + 1}))
+    before = redis_snapshot()
+    with pytest.raises(SchemaMismatch) as err:
+        Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    assert err.value.exit_code == 2
+    assert f"keeps its ledger in schema {SCHEMA + 1}" in str(err.value)
+    assert "Drain the farm first" in str(err.value)
+    path = tmp_path / "worker.toml"
+    path.write_text(farm_toml(redis_url))
+    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
+                           "http://127.0.0.1:9", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"this queue-rollout reads and writes schema {SCHEMA}" in done.stderr
+    assert redis_snapshot() == before
+
+
+def test_a_record_without_a_schema_gains_this_one_in_place(r, redis_url):
+    """A release before the schema was recorded wrote this layout: a process that
+    matches the rest of the record adds the schema, and changes nothing else."""
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    record = json.loads(r.get(Keys("s").shape))
+    old = {k: v for k, v in record.items() if k != "schema"}
+    r.set(Keys("s").shape, json.dumps(old))
+    with pytest.raises(ConfigError):  # a process that disagrees writes nothing
+        Ledger.from_config(r, decode_config(farm_toml(redis_url, group_size=8)))
+    assert json.loads(r.get(Keys("s").shape)) == old
+    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    assert json.loads(r.get(Keys("s").shape)) == {**old, "schema": SCHEMA}

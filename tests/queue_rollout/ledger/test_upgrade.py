@@ -1,0 +1,100 @@
+"""A farm whose ledger was written by the release before the ledger recorded its
+schema (commit 37aa30b; ``fixtures/write_ledger.py`` says how the file was made) runs
+on under this one: the record gains the schema, and every group is delivered."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+from ledgerdump import dump, load
+
+from queue_rollout.config import decode_config
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.outbox import flush_outbox
+from queue_rollout.ledger.shape import SCHEMA
+
+FIXTURE = Path(__file__).parent / "fixtures" / "ledger-37aa30b.json"
+
+
+def test_a_ledger_written_by_the_release_before_runs_on_in_place(r, redis_url):
+    load(r, json.loads(FIXTURE.read_text()))
+    keys = Keys("upgrade")
+    old = json.loads(r.get(keys.shape))
+    assert "schema" not in old  # as that release wrote it
+    config = decode_config(
+        f'[farm]\nname = "upgrade"\nredis_url = "{redis_url}"\n[rollout]\ngroup_size = 2\n'
+        "batch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 2\n")
+    now = [1_800_000_100.0]
+    ledger = Ledger.from_config(r, config, clock=lambda: now[0])
+    assert json.loads(r.get(keys.shape)) == {**old, "schema": SCHEMA}
+    assert examine(r, keys, 1).problems == []
+
+    # the outbox it left: the one attempt still queued becomes a job, the rest go
+    assert flush_outbox(r, keys) == 1 and r.llen(keys.outbox) == 0
+    [held] = ledger.held()
+    assert (held.consumer, held.groups) == ("trainer", ["p0"])
+    assert ledger.ack("trainer", held.id).status == "acked"
+    assert ledger.set_version(1) == 0 and ledger.version() == 1
+
+    def finish(gid: str, member: int, *, start: bool = True) -> None:
+        aid, attempt = ledger.current_attempt(gid, member)  # type: ignore[misc]
+        if start:
+            assert attempt.state == "queued", attempt
+            assert ledger.start(aid, "w1", "r0", "boot1", 600).status == "started"
+        now[0] += 1
+        assert ledger.finish(aid, member, b'{"reward": 1.0}', output_tokens=5
+                             ).status == "recorded"
+
+    delivered: list[str] = []
+
+    def train() -> None:  # as a trainer: each batch acknowledged, the version raised
+        while (delivery := ledger.pop_batch("trainer")) is not None:
+            delivered.extend(delivery.batch.groups)
+            assert ledger.ack("trainer", delivery.batch.id).status == "acked"
+            ledger.set_version(ledger.version() + 1)
+
+    finish("p2", 0, start=False)  # running when the old release stopped
+    finish("p2", 1)
+    assert ledger.judge("p2", accept=True).status == "accepted"
+    for _ in range(2):
+        train()
+        admission = ledger.admit()
+        assert admission.status == "admitted", admission
+        for m in range(2):
+            finish(admission.group_id, m)
+        assert ledger.judge(admission.group_id, accept=True).status == "accepted"
+    assert ledger.admit().status == "empty"
+    train()
+    assert sorted(delivered) == ["p1", "p2", "p3", "p4"]
+    assert {ledger.group(g).state for g in ("p0", *delivered)} == {"consumed"}  # type: ignore[union-attr]
+    report = examine(r, keys, 1)
+    assert report.problems == [] and report.stored["consumed"] == 5, report
+
+
+def test_the_fixtures_format_gives_back_every_key_as_it_was(r):
+    """``ledgerdump``: what it writes, it reads back, pending stream entries included."""
+    r.set("s", b"\x00bytes")
+    r.hset("h", mapping={"a": "1", "b": "2"})
+    r.rpush("l", "x", "y", "x")
+    r.sadd("set", "m", "n")
+    r.zadd("z", {"a": 1.5, "b": -2})
+    r.set("ttl", "v", px=600_000)
+    ids = [r.xadd("events", {"n": str(i)}) for i in range(4)]
+    r.xgroup_create("events", "judges", id="0")
+    r.xreadgroup("judges", "c1", {"events": ">"}, count=2)
+    r.xreadgroup("judges", "c2", {"events": ">"}, count=1)
+    r.xack("events", "judges", ids[0])
+    before = dump(r)
+    r.flushdb()
+    load(r, before)
+    after = dump(r)
+    for name, entry in before["keys"].items():  # an expiry has ticked meanwhile
+        assert abs(after["keys"][name].pop("pttl") - entry.pop("pttl")) < 10_000
+    assert after == before
+    [group] = before["keys"][next(k for k in before["keys"]
+                                  if base64.b64decode(k) == b"events")]["groups"]
+    assert [p[0] for p in group["pending"]] == [i.decode() for i in ids[1:3]]
