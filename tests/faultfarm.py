@@ -542,7 +542,7 @@ class Watch:
         try:
             counters = ledger.counters()
             if counters.get("doubtful", 0):
-                groups = len({decode_attempt(raw).g for raw in
+                groups = len({decode_attempt(raw).group_id for raw in
                               ledger.client.hvals(ledger.keys.attempts)
                               if b'"doubtful"' in raw
                               and decode_attempt(raw).state == "doubtful"})

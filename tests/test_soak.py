@@ -234,7 +234,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
                         aid, a = rng.choice(ended)
                         faults["duplicate_notification"] += 2
                         sent = time.monotonic()
-                        refused += ledger.finish(aid, a.m, b"duplicate").ignored
+                        refused += ledger.finish(aid, a.member, b"duplicate").ignored
                         refused += ledger.start(aid, "w", "r", "b", 2).status == "ignored"
                         detections.record("duplicate_notification",
                                           (time.monotonic() - sent) / 2)

@@ -371,7 +371,7 @@ def finish_all(client: RolloutClient,
         if a.state != "queued":
             continue
         ledger.start(aid, "w", "r", "b", 30)
-        result = EpisodeResult(member=a.m, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
+        result = EpisodeResult(member=a.member, output_ids=[7, 8, 9], logprobs=[-1.0] * 3,
                                version_runs=list(versions), finish_reason="length",
-                               reward=float(a.m), tool_ids=[])
-        ledger.finish(aid, a.m, encode_result(result), output_tokens=3)
+                               reward=float(a.member), tool_ids=[])
+        ledger.finish(aid, a.member, encode_result(result), output_tokens=3)

@@ -35,7 +35,13 @@ from typing import Any, TypeVar
 from queue_rollout.client.prompts import check_prompt, farm_needs, known_ids_refusal
 from queue_rollout.client.training import TrainingBatch, training_view
 from queue_rollout.config import Config, load_config
-from queue_rollout.errors import BadInput, BarrierTimeout, BatchReleased, RedisUnavailable
+from queue_rollout.errors import (
+    BadInput,
+    BarrierTimeout,
+    BatchReleased,
+    InvariantViolation,
+    RedisUnavailable,
+)
 from queue_rollout.ledger.connection import (
     connect_config,
     mask_url,
@@ -236,7 +242,8 @@ class RolloutClient:
 
     def _group(self, group_id: str) -> Group:
         record, prompt, raws = self.ledger.group_with_results(group_id)
-        assert record is not None
+        if record is None:  # a delivered group is kept until its batch is acknowledged
+            raise InvariantViolation(f"group {group_id} was delivered but has no record")
         cap = self.config.limits.max_result_bytes
         members = []
         for m, raw in enumerate(raws):

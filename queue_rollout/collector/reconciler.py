@@ -138,7 +138,7 @@ class Reconciler:
             if (aid in in_outbox or attempt.state != "queued"
                     or attempt.created_at > queued_before):
                 continue
-            waits_on = (rq_queue_key(keys.rq_replica_queue(attempt.p)) if attempt.p
+            waits_on = (rq_queue_key(keys.rq_replica_queue(attempt.placed_on)) if attempt.placed_on
                         else queue.key)
             if client.lpos(keys.outbox, aid) is not None or client.lpos(waits_on, aid) is not None:
                 continue  # admitted after the snapshot, or waiting in RQ's queue

@@ -73,26 +73,26 @@ def start_sim_engines(config: Config, config_path: Path,
     engines: list[Supervised] = []
     urls: list[str] = []
     for i in range(e.replicas):
-        argv = [*sim_engine_argv(e, 0), "-c", str(config_path)]
+        extra = ["-c", str(config_path)]
         if request_log_dir is not None:
-            argv += ["--request-log", str(request_log_dir / f"replica-{i}.jsonl")]
+            extra += ["--request-log", str(request_log_dir / f"replica-{i}.jsonl")]
         log_path = None if log_dir is None else log_dir / f"replica-{i}.log"
         # the engine binds a free port itself and says which: no port can be taken
         # between choosing and binding it; a restart asks for the same port again
         with contextlib.ExitStack() as files:
             stderr = None if log_path is None else files.enter_context(log_path.open("ab"))
-            proc = spawn(argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                         start_new_session=True)
+            proc = spawn([*sim_engine_argv(e, 0), *extra], stdout=subprocess.PIPE,
+                         stderr=stderr, text=True, start_new_session=True)
         line = proc.stdout.readline() if proc.stdout else ""
         match = re.search(r"http://[\d.]+:(\d+)", line)
         if not match:
             proc.kill()
             stop_all((m.proc for m in engines if m.proc), 10)
             raise QueueRolloutError(f"sim replica {i} did not start: {line.strip()!r}")
-        argv[3] = match.group(1)
-        engines.append(Supervised(f"sim replica {i}", argv, proc=proc, log_path=log_path,
-                                  new_session=True))
-        urls.append(f"http://127.0.0.1:{match.group(1)}")
+        port = int(match.group(1))
+        engines.append(Supervised(f"sim replica {i}", [*sim_engine_argv(e, port), *extra],
+                                  proc=proc, log_path=log_path, new_session=True))
+        urls.append(f"http://127.0.0.1:{port}")
     return engines, urls
 
 

@@ -469,7 +469,7 @@ class Ledger:
         with translate_errors(self._url):
             raws = self.client.hmget(self.keys.attempts, ids)
         found = [(aid, decode_attempt(raw)) for aid, raw in zip(ids, raws, strict=True) if raw]
-        return [(aid, a) for aid, a in found if a.m == member]
+        return [(aid, a) for aid, a in found if a.member == member]
 
     def current_attempt(self, group_id: str, member: int) -> tuple[str, AttemptRecord] | None:
         """The member's attempt that has not been superseded (stopped or lost)."""

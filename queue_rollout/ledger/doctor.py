@@ -84,20 +84,20 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     placed: dict[str, float] = {}
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
-        if a.pl and a.state == "queued" and a.p:
-            load[a.p] += 1
+        if a.load_counted and a.state == "queued" and a.placed_on:
+            load[a.placed_on] += 1
             placed[aid.decode()] = a.created_at
-        elif a.pl and a.state in live and a.worker:
+        elif a.load_counted and a.state in live and a.worker:
             load[a.worker] += 1
         if a.state in live:
             live[a.state].add(aid.decode())
         if a.state == "running" and a.tool:
             tool_wait += 1
         if a.state not in SUPERSEDED:
-            current[(a.g, a.m)] += 1
+            current[(a.group_id, a.member)] += 1
         if a.state in ENDED:
-            ended[a.g] += 1
-            ended_members.add(f"{a.g}/{a.m}")
+            ended[a.group_id] += 1
+            ended_members.add(f"{a.group_id}/{a.member}")
 
     expected = {
         "reserved": sum(g.slots_held for g in groups.values()),

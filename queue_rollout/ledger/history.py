@@ -182,9 +182,9 @@ def build_story(group_id: str, events: list[dict[str, Any]], *, state: str = "un
     for aid, rec in live:
         if aid in attempts and attempts[aid].ended_at is not None:
             continue
-        a = attempts.setdefault(aid, AttemptStory(aid, rec.m, rec.n, rec.state))
+        a = attempts.setdefault(aid, AttemptStory(aid, rec.member, rec.number, rec.state))
         a.state, a.worker, a.replica = rec.state, rec.worker, rec.replica
-        a.started_at, a.version = rec.started_at, rec.v
+        a.started_at, a.version = rec.started_at, rec.version
         if rec.state == "doubtful" and _open_doubt(a) is None and rec.doubt_at is not None:
             a.doubts.append(Doubt(since=rec.doubt_at, cause=rec.cause or ""))
     return GroupStory(

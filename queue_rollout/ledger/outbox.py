@@ -36,7 +36,7 @@ def placed_on(record: bytes | None) -> str | None:
     attempt = decode_attempt(record)
     if attempt.state != "queued":
         return ""
-    return attempt.p or None
+    return attempt.placed_on or None
 
 
 def flush_outbox(client: redis.Redis, keys: Keys, *, limit: int = 1000, chunk: int = 100) -> int:

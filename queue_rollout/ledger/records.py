@@ -16,6 +16,9 @@ ENDED = frozenset({"finished", "failed"})
 
 
 class GroupRecord(msgspec.Struct, frozen=True):
+    """A prompt group. Attributes have their names; the wire keys the scripts write stay
+    compact where a field is named differently (``msgspec.field(name=...)``)."""
+
     id: str
     G: int
     mode: Literal["group", "sample"]
@@ -30,7 +33,8 @@ class GroupRecord(msgspec.Struct, frozen=True):
     delivered_at: float | None = None
     consumed_at: float | None = None
     reason: str | None = None
-    dv: int | None = None  # released: the policy version of its first delivery
+    #: released: the policy version of its first delivery
+    delivered_version: int | None = msgspec.field(default=None, name="dv")
     released: int | None = None  # how many times its batch was released (``release``)
     released_at: float | None = None
 
@@ -49,9 +53,12 @@ class GroupRecord(msgspec.Struct, frozen=True):
 
 
 class AttemptRecord(msgspec.Struct, frozen=True):
-    g: str
-    m: int
-    n: int
+    """One attempt at a member's episode (wire keys in ``name=``)."""
+
+    group_id: str = msgspec.field(name="g")
+    member: int = msgspec.field(name="m")
+    #: 1 for a member's first attempt, one more for each retry
+    number: int = msgspec.field(name="n")
     stops: int
     state: AttemptState
     created_at: float
@@ -66,13 +73,16 @@ class AttemptRecord(msgspec.Struct, frozen=True):
     cause: str | None = None
     resolution: str | None = None
     ended_at: float | None = None
-    v: int | None = None  # the policy version it started under
+    #: the policy version it started under
+    version: int | None = msgspec.field(default=None, name="v")
     call: str | None = None  # the id of the start or finish call that last changed it
     completed: bool | None = None  # its result completed the group
     rid: str | None = None  # its request in flight, when not the attempt id
     tool: bool | None = None  # waiting on a tool (running: counted in tool_wait)
-    pl: bool | None = None  # a farm placing groups: its load is counted on a replica
-    p: str | None = None  # queued: the worker whose queue its job waits on
+    #: a farm placing groups: its load is counted on a replica
+    load_counted: bool | None = msgspec.field(default=None, name="pl")
+    #: queued: the worker whose queue its job waits on
+    placed_on: str | None = msgspec.field(default=None, name="p")
 
 
 class BatchRecord(msgspec.Struct, frozen=True):

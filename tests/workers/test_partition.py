@@ -132,7 +132,7 @@ def test_a_cut_off_worker_host_keeps_its_slots_and_its_late_results_count_once(t
                 for aid, raw in ledger.client.hgetall(ledger.keys.attempts).items():
                     a = decode_attempt(raw)
                     if a.state == "running" and a.worker.endswith("-gpu0"):
-                        out[aid.decode()] = (a.g, a.m)
+                        out[aid.decode()] = (a.group_id, a.member)
                 return out
 
             cut = wait_for(lambda: (r := running_on_a()) and len(r) >= 3 and r, 60,

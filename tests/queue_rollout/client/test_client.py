@@ -10,7 +10,7 @@ from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import load_config
-from queue_rollout.errors import BadInput, BarrierTimeout
+from queue_rollout.errors import BadInput, BarrierTimeout, InvariantViolation
 from testkit import finish_all
 
 
@@ -47,6 +47,21 @@ def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
     client.ack(batch)
     with pytest.raises(BadInput):
         client.ack(batch)
+
+
+def test_a_delivered_group_without_its_record_is_an_invariant_violation(farm_toml):
+    """Checked, not asserted: the trainer is told which group broke the ledger (exit 1),
+    also under ``python -O``."""
+    client = RolloutClient.from_config(farm_toml, consumer="t0")
+    client.submit([prompt(f"q{i}") for i in range(2)])
+    collector = Collector(client.ledger, client.config, name="c")
+    collector.step()
+    finish_all(client)
+    collector.step()
+    assert client.ledger.pop_batch("t0") is not None  # delivered, held for t0
+    client.ledger.client.hdel(client.ledger.keys.groups, "q1")
+    with pytest.raises(InvariantViolation, match="group q1 was delivered but has no record"):
+        client.get_batch(timeout=5)
 
 
 def test_stale_token_mask(farm_toml):

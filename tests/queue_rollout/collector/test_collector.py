@@ -33,9 +33,9 @@ def submit(ledger: Ledger, n: int) -> None:
 def play(ledger: Ledger, aid: str, reward: float | None, *, failed: bool = False) -> None:
     a = ledger.attempt(aid)
     ledger.start(aid, "w", "r", "b", 30)
-    result = EpisodeResult(member=a.m, output_ids=[1], logprobs=[-0.1], version_runs=[(0, 1)],
+    result = EpisodeResult(member=a.member, output_ids=[1], logprobs=[-0.1], version_runs=[(0, 1)],
                            finish_reason="length", reward=reward, error="boom" if failed else "")
-    ledger.finish(aid, a.m, encode_result(result), output_tokens=1,
+    ledger.finish(aid, a.member, encode_result(result), output_tokens=1,
                   outcome="failed" if failed else "finished")
 
 

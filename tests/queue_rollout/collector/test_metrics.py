@@ -48,10 +48,12 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
             ledger.start(aid, "w", "r", "b", 30)
             clock.advance(12)
             a = ledger.attempt(aid)
-            ledger.finish(aid, a.m, encode_result(EpisodeResult(
-                member=a.m, output_ids=[1, 2], logprobs=[0.0, 0.0], version_runs=[(0, 2)],
-                finish_reason="length", reward=float(a.m))), output_tokens=2,
-                prefill_computed=100 if a.m == 0 else 1, prefill_cached=0 if a.m == 0 else 99)
+            ledger.finish(aid, a.member, encode_result(EpisodeResult(
+                member=a.member, output_ids=[1, 2], logprobs=[0.0, 0.0],
+                version_runs=[(0, 2)],
+                finish_reason="length", reward=float(a.member))), output_tokens=2,
+                prefill_computed=100 if a.member == 0 else 1,
+                prefill_cached=0 if a.member == 0 else 99)
         a0 = ledger.group("p1").attempt_ids[0]
         ledger.start(a0, "w", "r", "b", 30)
         ledger.mark_doubtful(a0, "lease_expired")
@@ -141,9 +143,9 @@ def test_every_series_carries_its_farm_s_name(r, clock):
         for aid in ledger.group("p0").attempt_ids:
             ledger.start(aid, "w", "r", "b", 30)
             a = ledger.attempt(aid)
-            ledger.finish(aid, a.m, encode_result(EpisodeResult(
-                member=a.m, output_ids=[1], logprobs=[0.0], version_runs=[(0, 1)],
-                finish_reason="length", reward=float(a.m))), output_tokens=1)
+            ledger.finish(aid, a.member, encode_result(EpisodeResult(
+                member=a.member, output_ids=[1], logprobs=[0.0], version_runs=[(0, 1)],
+                finish_reason="length", reward=float(a.member))), output_tokens=1)
         port = metrics.serve()
         try:
             texts[name] = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",

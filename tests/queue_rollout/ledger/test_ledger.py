@@ -153,8 +153,8 @@ def test_doubtful_attempt_keeps_its_slot_until_a_confirmed_stop_then_retries_in_
     assert retried.status == "retried"
     new = retried.attempt_id
     current_id, current = ledger.current_attempt(g.group_id, 1)
-    assert current_id == new and current.n == 2 and current.stops == 1
-    assert current.m == 1  # same member: same seed (I7)
+    assert current_id == new and current.number == 2 and current.stops == 1
+    assert current.member == 1  # same member: same seed (I7)
     assert ledger.attempt(aid).state == "stopped"
     assert ledger.counters()["reserved"] == 2  # the slot moved, it was not released
     assert ledger.client.lrange(ledger.keys.outbox, -1, -1) == [new.encode()]

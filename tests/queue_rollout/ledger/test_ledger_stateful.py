@@ -1046,9 +1046,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert set(attempts) == set(live_atts)
         for aid, a in attempts.items():
             ma = live_atts[aid]
-            assert (a.g, a.m, a.n, a.state) == (ma.gid, ma.m, ma.n, ma.state), (aid, a, ma)
+            assert (a.group_id, a.member, a.number, a.state) == (
+                ma.gid, ma.m, ma.n, ma.state), (aid, a, ma)
             if a.state not in SUPERSEDED:  # the member's current attempt
-                assert self.episodes[(a.g, a.m)].aid == aid, (aid, a)
+                assert self.episodes[(a.group_id, a.member)].aid == aid, (aid, a)
             if ma.state != "queued":
                 assert (a.worker, a.boot, a.seq, a.tokens) == (
                     ma.worker, ma.boot, ma.seq, ma.tokens), (aid, a, ma)
@@ -1121,7 +1122,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert placed == {aid: self.attempts[aid].placed_at for aid in self.queued()
                           if self.attempts[aid].p}
         for aid, a in attempts.items():
-            assert a.pl and a.p == live_atts[aid].p, (aid, a, live_atts[aid])
+            assert a.load_counted and a.placed_on == live_atts[aid].p, (aid, a, live_atts[aid])
         report = examine(self.r, k, self.B)
         assert report.ok, report.problems
 

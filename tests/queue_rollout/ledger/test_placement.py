@@ -35,7 +35,7 @@ def farm(r: redis.Redis, clock) -> tuple[Ledger, Reconciler]:
 
 
 def placed(ledger: Ledger, aids) -> list[str | None]:
-    return [a.p for a in map(ledger.attempt, aids)]
+    return [a.placed_on for a in map(ledger.attempt, aids)]
 
 
 def free(ledger: Ledger) -> dict[str, int]:
@@ -138,7 +138,7 @@ def test_a_retry_prefers_the_replica_its_attempt_ran_on(farm):
     ledger.start(again.attempt_id, "b", "r", "boot", 30)
     shared = ledger.retry(again.attempt_id, cause="replica_restart")
     assert placed(ledger, [shared.attempt_id]) == [None]
-    assert ledger.attempt(shared.attempt_id).pl
+    assert ledger.attempt(shared.attempt_id).load_counted
     doctor_clean(ledger)
 
 

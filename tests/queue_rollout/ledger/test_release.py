@@ -108,7 +108,7 @@ def test_a_batch_released_twice_keeps_its_first_delivery_version(ledger, r):
     third = ledger.pop_batch("c")
     assert third is not None and third.redelivered
     assert third.batch.groups == gids and third.batch.version == 0
-    assert ledger.group(gids[0]).released == 2 and ledger.group(gids[0]).dv == 0
+    assert ledger.group(gids[0]).released == 2 and ledger.group(gids[0]).delivered_version == 0
     assert ledger.ack("a", first.batch.id).status == "refused"
     assert ledger.ack("b", second.batch.id).status == "refused"
     assert ledger.counters()["acks_refused"] == 2
