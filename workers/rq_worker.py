@@ -57,7 +57,6 @@ from collections.abc import Callable
 
 import msgspec
 import redis
-from rq import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
@@ -66,7 +65,8 @@ from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.connection import client_url, connect_config, translate_errors
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.keys import Keys, rq_queue_key
+from queue_rollout.ledger.jobs import WorkerQueues, episode_queue
+from queue_rollout.ledger.keys import Keys
 from queue_rollout.workers.episode import CURRENT_RUNNER, AttemptRunner, LeaseKeeper
 from queue_rollout.workers.limits import GATE_READ_S, SlotGate
 from queue_rollout.workers.workflows import load_workflow
@@ -114,11 +114,10 @@ class EpisodeProcess:
                                       worker_id=spec.worker_id, boot_id=spec.boot_id,
                                       workflow=workflow, lease=self.lease)
                         for _ in range(spec.threads)]
-        rq_queue = Queue(self.keys.rq_queue, connection=client, serializer=JSONSerializer)
-        self.queue_key, self.intermediate_key = rq_queue.key, rq_queue.intermediate_queue_key
-        #: placement: the replica's own queue, read first (None: the shared queue only)
-        self.own_key = (rq_queue_key(self.keys.rq_replica_queue(spec.worker_id))
-                        if config.rollout.placement == "group" else None)
+        rq_queue = episode_queue(client, self.keys)
+        #: placement: the replica's own queue is read first
+        self.queues = WorkerQueues.of(self.keys, spec.worker_id,
+                                      placing=config.rollout.placement == "group")
         self._shared_check_at = 0.0  # placement: when to look at the shared queue next
         suffix = "" if spec.threads == 1 else "-t{}"
         self.rq_workers = [
@@ -200,11 +199,11 @@ class EpisodeProcess:
         (a placing farm's process also looks at the shared queue, without waiting, at
         most every ``SHARED_CHECK_S`` and after each wait that found nothing)."""
         cleared: list[str] = []
-        if self.own_key is not None and time.monotonic() >= self._shared_check_at:
+        if self.queues.own is not None and time.monotonic() >= self._shared_check_at:
             self._shared_check_at = time.monotonic() + SHARED_CHECK_S
             pipe = self.client.pipeline(transaction=False)
-            cleared = self._clear_into(pipe)
-            pipe.lmove(self.queue_key, self.intermediate_key, "LEFT", "RIGHT")
+            cleared = self._ended()
+            self.queues.take(pipe, cleared, wait_s=None, shared=True)
             try:
                 with translate_errors(self._url):
                     raw = pipe.execute()[-1]
@@ -214,9 +213,9 @@ class EpisodeProcess:
             if raw is not None:
                 return str(raw.decode())
         pipe = self.blocking.pipeline(transaction=False)
-        cleared += self._clear_into(pipe)
-        pipe.blmove(self.own_key or self.queue_key, self.intermediate_key, DEQUEUE_TIMEOUT_S,
-                    "LEFT", "RIGHT")
+        ended = self._ended()
+        cleared += ended
+        self.queues.take(pipe, ended, wait_s=DEQUEUE_TIMEOUT_S)
         try:
             with translate_errors(self._url):
                 self._dequeuing = not self.stopping.is_set()
@@ -245,23 +244,19 @@ class EpisodeProcess:
         log.warning("dequeue: %s; retrying", exc)
         time.sleep(1.0)
 
-    def _clear_into(self, pipe: redis.client.Pipeline) -> list[str]:
-        """Queue on *pipe* the clearing of every job whose attempt has ended: its entry
-        in RQ's intermediate list (left there, the reconciler's sweep clears it)."""
-        cleared: list[str] = []
+    def _ended(self) -> list[str]:
+        """The jobs whose attempts have ended, to clear with the next take."""
+        ended: list[str] = []
         while True:
             try:
-                aid = self.done.get_nowait()
+                ended.append(self.done.get_nowait())
             except queue.Empty:
-                return cleared
-            pipe.lrem(self.intermediate_key, 1, aid)
-            cleared.append(aid)
+                return ended
 
     def _clear_done(self) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        if self._clear_into(pipe):
-            self._best_effort("could not clear finished jobs (the reconciler will)",
-                              pipe.execute)
+        ended = self._ended()
+        self._best_effort("could not clear finished jobs (the reconciler will)",
+                          lambda: self.queues.clear(self.client, ended))
 
     def _await_replica(self) -> None:
         """After a replica failure, no job is taken until the replica answers (a dead
@@ -300,11 +295,8 @@ class EpisodeProcess:
     # -- RQ's records ------------------------------------------------------------------
 
     def _give_back(self, aid: str) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.lrem(self.intermediate_key, 1, aid)
-        pipe.lpush(self.queue_key, aid)
         self._best_effort(f"job {aid}: could not give it back (the reconciler will)",
-                          pipe.execute)
+                          lambda: self.queues.give_back(self.client, aid))
 
     def _beat_when_due(self) -> None:
         """RQ's worker records, refreshed every ``RQ_HEARTBEAT_S``."""

@@ -35,8 +35,8 @@ from queue_rollout.config import Config
 from queue_rollout.errors import BadInput, QueueRolloutError
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import EVENTS_GROUP
-from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.ledger.registry import Registry
 from queue_rollout.results import EpisodeResult, decode_result
 

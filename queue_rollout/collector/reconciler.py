@@ -28,19 +28,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rq import Queue
-
 from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.jobs import placed_on, requeue_lost, sweep_intermediate
 from queue_rollout.ledger.keys import rq_queue_key
-from queue_rollout.ledger.outbox import episode_queue, placed_on
-from queue_rollout.ledger.records import decode_attempt
 
 log = logging.getLogger(__name__)
-#: Attempt states whose job may rightly sit in RQ's intermediate list (a worker holds it).
-LIVE_OR_QUEUED = frozenset({"queued", "running", "doubtful"})
-
-
 @dataclass
 class TickReport:
     doubted: list[str] = field(default_factory=list)
@@ -118,55 +111,12 @@ class Reconciler:
         return moved
 
     def _requeue_lost_jobs(self) -> list[str]:
-        """Queued attempts whose RQ job is gone: in neither RQ's queue nor the outbox
-        (lost with a Redis crash, or taken by a worker that died before it started the
-        attempt: stranded in RQ's intermediate list). Handed to the outbox again.
-
-        Each suspect is checked in the order that makes the check race-free: the outbox
-        (flush enqueues the job in the transaction that takes it off the outbox), then
-        the queue, then the attempt again (a job taken since has started it). A job a
-        live worker took just now may be enqueued twice: ``start`` lets one claim win.
-        Then RQ's intermediate list is swept of jobs whose attempt has ended."""
-        keys, client = self.ledger.keys, self.ledger.client
-        queue = episode_queue(client, keys)
-        in_outbox = {raw.decode() for raw in client.lrange(keys.outbox, 0, -1)}
-        queued_before = self.ledger.clock() - self.config.timeouts.lease
-        requeued = []
-        for raw, record in client.hscan_iter(keys.attempts, count=1000):
-            aid = raw.decode()
-            attempt = decode_attempt(record)
-            if (aid in in_outbox or attempt.state != "queued"
-                    or attempt.created_at > queued_before):
-                continue
-            waits_on = (rq_queue_key(keys.rq_replica_queue(attempt.placed_on)) if attempt.placed_on
-                        else queue.key)
-            if client.lpos(keys.outbox, aid) is not None or client.lpos(waits_on, aid) is not None:
-                continue  # admitted after the snapshot, or waiting in RQ's queue
-            now_record = client.hget(keys.attempts, aid)
-            if now_record is None or decode_attempt(now_record).state != "queued":
-                continue  # its job started it meanwhile
-            pipe = client.pipeline(transaction=True)
-            pipe.lrem(queue.intermediate_queue_key, 0, aid)
-            pipe.rpush(keys.outbox, aid)
-            pipe.execute()
-            log.warning("attempt %s: its RQ job was lost; handed to the outbox again", aid)
-            requeued.append(aid)
-        self._sweep_intermediate(queue)
-        return requeued
-
-    def _sweep_intermediate(self, queue: Queue) -> None:
-        """Jobs left in RQ's intermediate list by a worker that died after its attempt
-        ended (or that named no attempt): taken off it, their records deleted."""
+        """Queued attempts whose RQ job is gone go to the outbox again, and RQ's
+        intermediate list is swept of jobs whose attempt has ended (see
+        :mod:`queue_rollout.ledger.jobs`)."""
         client, keys = self.ledger.client, self.ledger.keys
-        ids = [raw.decode() for raw in client.lrange(queue.intermediate_queue_key, 0, -1)]
-        if not ids:
-            return
-        records = client.hmget(keys.attempts, ids)
-        gone = [aid for aid, raw in zip(ids, records, strict=True)
-                if raw is None or decode_attempt(raw).state not in LIVE_OR_QUEUED]
-        if gone:
-            pipe = client.pipeline(transaction=False)
-            for aid in gone:
-                pipe.lrem(queue.intermediate_queue_key, 0, aid)
-                pipe.delete(f"rq:job:{aid}")
-            pipe.execute()
+        requeued = requeue_lost(client, keys, self.ledger.clock() - self.config.timeouts.lease)
+        for aid in requeued:
+            log.warning("attempt %s: its RQ job was lost; handed to the outbox again", aid)
+        sweep_intermediate(client, keys)
+        return requeued

@@ -17,8 +17,8 @@ from queue_rollout.engines.sglang import SGLangClient, episode_seed
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.jobs import episode_queue, flush_outbox
 from queue_rollout.ledger.keys import EVENTS_GROUP
-from queue_rollout.ledger.outbox import episode_queue, flush_outbox
 from queue_rollout.results import decode_result
 from testkit import WorkerFarm as Farm
 from testkit import wait_for

@@ -18,8 +18,8 @@ from queue_rollout.config import load_config
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.workers.rq_worker import EpisodeProcess, WorkerSpec
 from testkit import wait_for
 

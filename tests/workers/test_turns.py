@@ -21,8 +21,8 @@ from queue_rollout.engines.synthetic import token_ids
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
+from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import EVENTS_GROUP
-from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe
 from queue_rollout.results import decode_result

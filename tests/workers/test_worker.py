@@ -19,7 +19,7 @@ from queue_rollout.config import load_config
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.outbox import flush_outbox
+from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.workers.resolver import resolve_doubt
 from testkit import wait_for

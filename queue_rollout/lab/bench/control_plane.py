@@ -41,7 +41,7 @@ from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
-from queue_rollout.ledger.outbox import episode_queue
+from queue_rollout.ledger.jobs import episode_queue
 from queue_rollout.procs import spawn, stop_all
 
 GROUP, BATCH = 8, 16  # the reference shape: a batch is 16 groups of 8

@@ -59,7 +59,7 @@ from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
-from queue_rollout.ledger.outbox import episode_queue
+from queue_rollout.ledger.jobs import episode_queue
 from queue_rollout.procs import Supervised, stop_all
 from queue_rollout.progress import LiveView
 

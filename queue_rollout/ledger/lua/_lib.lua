@@ -67,6 +67,12 @@ local function replica_load(r, worker, by)
 end
 
 -- A placed attempt leaves its replica's queue (started, or moved to the shared one).
+-- The outbox entry of a queued attempt: its id and the worker whose RQ queue its job
+-- goes to ('aid@worker'), or the shared queue ('aid@'); the relay needs nothing else.
+local function outbox_entry(aid, a)
+  return aid .. '@' .. (a.p or '')
+end
+
 local function unplace(r, aid, a)
   if a.p then
     replica_load(r, a.p, -1)

@@ -11,7 +11,7 @@
 -- KEYS[3] = pending list of prompt ids
 -- KEYS[4] = groups hash
 -- KEYS[5] = attempts hash
--- KEYS[6] = outbox list of attempt ids waiting for their RQ job
+-- KEYS[6] = outbox list of attempts waiting for their RQ job ('aid@worker', 'aid@')
 -- KEYS[7] = replica free slots sorted set (worker id -> slots - load)
 -- KEYS[8] = replica load hash (worker id -> attempts placed on it or run by it)
 -- KEYS[9] = placed sorted set (queued attempt id -> placed at)
@@ -101,7 +101,7 @@ for m = 0, G - 1 do
   end
 end
 redis.call('LPOP', KEYS[3])
-local aids = {}
+local aids, entries = {}, {}  -- attempt ids; their outbox entries
 local placed = {}  -- ZADD arguments: now, aid, now, aid, ...
 for m = 0, G - 1 do
   local aid = ARGV[first_aid + m]
@@ -112,6 +112,7 @@ for m = 0, G - 1 do
   end
   put_json(KEYS[5], aid, a)
   aids[m + 1] = aid
+  entries[m + 1] = outbox_entry(aid, a)
 end
 if placement == 'group' then
   -- targets are grouped by replica (each takes a run of members): one update each
@@ -127,7 +128,7 @@ if placement == 'group' then
 end
 put_json(KEYS[4], gid, {id = gid, G = G, mode = mode, state = 'in_flight', done = 0,
   failed = 0, version = version, admitted_at = now, aids = table.concat(aids, ',')})
-redis.call('RPUSH', KEYS[6], unpack(aids))
+redis.call('RPUSH', KEYS[6], unpack(entries))
 bump(counters, 'reserved', G)
 bump(counters, 'in_flight', 1)
 bump(counters, 'admitted', 1)

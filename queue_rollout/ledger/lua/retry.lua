@@ -9,7 +9,7 @@
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
 -- KEYS[3] = groups hash
--- KEYS[4] = outbox list
+-- KEYS[4] = outbox list ('aid@worker', 'aid@': the queue its job goes to)
 -- KEYS[5] = leases sorted set
 -- KEYS[6] = doubt sorted set
 -- KEYS[7] = events stream
@@ -84,6 +84,6 @@ end
 put_json(KEYS[2], new_aid, new)
 g.aids = g.aids .. ',' .. new_aid
 put_json(KEYS[3], a.g, g)
-redis.call('RPUSH', KEYS[4], new_aid)
+redis.call('RPUSH', KEYS[4], outbox_entry(new_aid, new))
 bump(counters, 'retries:' .. ARGV[5], 1)
 return {'retried', new_aid}

@@ -7,7 +7,7 @@ import msgspec
 from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
-from queue_rollout.ledger.outbox import episode_queue, flush_outbox
+from queue_rollout.ledger.jobs import episode_queue, flush_outbox
 from testkit import trivial_prompts
 
 

@@ -157,7 +157,7 @@ def test_doubtful_attempt_keeps_its_slot_until_a_confirmed_stop_then_retries_in_
     assert current.member == 1  # same member: same seed (I7)
     assert ledger.attempt(aid).state == "stopped"
     assert ledger.counters()["reserved"] == 2  # the slot moved, it was not released
-    assert ledger.client.lrange(ledger.keys.outbox, -1, -1) == [new.encode()]
+    assert ledger.client.lrange(ledger.keys.outbox, -1, -1) == [f"{new}@".encode()]
     assert ledger.counters()["retries:replica_restart"] == 1
 
 

@@ -526,7 +526,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.cov["placement:retry_kept_its_replica"] += 1
         elif self.placing:
             self.cov["placement:retry_to_shared"] += 1
-        self.outbox.append(new)
+        self.outbox.append(f"{new}@{self.attempts[new].p or ''}")  # the queue its job goes to
 
     def do_judge(self, gid: str, accept: bool, reason: str, entry_id: str) -> None:
         led = self.ledger
@@ -628,7 +628,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.attempts[aid] = MAttempt(aid, gid, m, 1)
             if self.placing:
                 self.attempts[aid].p, self.attempts[aid].placed_at = targets[m], self.clock.now
-            self.outbox.append(aid)
+            self.outbox.append(f"{aid}@{self.attempts[aid].p or ''}")
         self.c["admitted"] += 1
         # I1 and I2, read back from the ledger right after the admission
         c = self.counters()

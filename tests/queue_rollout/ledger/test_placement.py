@@ -13,8 +13,8 @@ from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine, repair
+from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import rq_queue_key
-from queue_rollout.ledger.outbox import flush_outbox
 from testkit import trivial_prompts
 
 

@@ -13,8 +13,8 @@ from ledgerdump import dump, load
 from queue_rollout.config import decode_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
+from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import Keys
-from queue_rollout.ledger.outbox import flush_outbox
 from queue_rollout.ledger.shape import SCHEMA
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ledger-37aa30b.json"
