@@ -113,9 +113,12 @@ def _enqueue(client: redis.Redis, keys: Keys, entries: list[str]) -> int:
     records = dict(zip(legacy, client.hmget(keys.attempts, legacy), strict=True)) if legacy else {}
     for entry in entries:
         aid, at, worker = entry.partition("@")
-        target = worker or None if at else placed_on(records[entry])
-        if target == "":  # a legacy entry whose attempt is no longer queued: no job
-            continue
+        if at:  # the entry names the queue: the worker's, or "" for the shared one
+            target: str | None = worker or None
+        else:  # a plain id: its record says, and an attempt no longer queued has no job
+            target = placed_on(records[entry])
+            if target == "":
+                continue
         by_queue.setdefault(queue_of(keys, target), []).append(aid)
     pipe = client.pipeline(transaction=True)
     for key, fresh in by_queue.items():
