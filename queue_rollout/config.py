@@ -62,22 +62,45 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class FarmConfig(_Section):
+    #: The farm's name; every Redis key is `qr:{name}:...`.
     name: FarmName = "demo"
+    #: Redis URL (`redis://`, `rediss://`, user and password allowed), or Sentinel's
+    #: `redis+sentinel://[user:pw@]host:port[,host:port...]/service`; empty: the embedded
+    #: redis-server of `up`/`demo`, found through `state_dir`.
     redis_url: str = ""
+    #: Local folder for the embedded Redis, `redis.url`, node logs and boot ids.
     state_dir: str = ".queue-rollout"
+    #: CA certificate file for `rediss://` URLs.
     redis_ca_file: str = ""
+    #: The Sentinels' own password (`requirepass` on their port), for a `redis+sentinel://`
+    #: URL; the URL's password is the data nodes'.
     sentinel_password: str = ""
+    #: N: after every ledger change, wait until N replicas hold it (`WAIT`) before acting on
+    #: it; 0: do not wait (a failover may lose the last writes).
     redis_wait_replicas: NonNegInt = 0
 
 
 class RolloutConfig(_Section):
+    #: G: episodes per prompt group.
     group_size: GroupSize = 8
+    #: B: groups per trainer batch.
     batch_size: PosInt = 16
+    #: Group admission: groups in flight at once (capacity = this x G slots).
     max_concurrent_rollouts: PosInt = 16
+    #: Set it to opt into sample-level refill: capacity in episode slots, or "auto" for the
+    #: live workers' slots. Unset: group admission.
     max_concurrent_samples: PosInt | Literal["auto"] | None = None
+    #: Staleness budget: accepted and in-flight groups stay within (max_staleness + 1) x B
+    #: of the groups the trainer had consumed when it last set the version.
     max_staleness: NonNegInt = 2
+    #: Attempts per episode before it fails (lost attempts count).
     max_attempts: PosInt = 3
+    #: "group": a group's attempts go to one replica with G free slots (else as few replicas
+    #: as possible), so its prompt is computed there once per prefill batch; "any": any
+    #: worker takes any attempt.
     placement: Placement = "any"
+    #: Placement: seconds an attempt placed on a replica may wait there before it moves to
+    #: the shared queue (it moves at once when the replica's worker is gone).
     placement_wait_s: NonNegFloat = 10.0
 
     @property
@@ -102,38 +125,66 @@ class RolloutConfig(_Section):
 
 
 class TimeoutsConfig(_Section):
+    #: Seconds a running attempt's lease lasts; renewed every lease/3.
     lease: PosInt = 30
+    #: Seconds an attempt may stay doubtful before it is declared lost and retried.
     doubt: PosInt = 1800
+    #: Seconds one `/generate` call may take.
     request: PosInt = 3600
+    #: Seconds `pause()` waits for every live worker to confirm.
     pause_barrier: PosInt = 60
+    #: Seconds of collector leadership; a standby takes over after it.
     leader_lease: PosInt = 10
+    #: SIGTERM: seconds running episodes may still finish.
     shutdown_grace: PosInt = 30
+    #: Seconds one `WAIT` for `farm.redis_wait_replicas` may take before the change is sent
+    #: again.
     redis_wait: PosFloat = 1.0
+    #: Seconds a delivered batch may stay unacknowledged; then the collector releases it:
+    #: its groups go to the next consumer that takes a batch, and a late ack of it is
+    #: refused. 0: never.
     batch_ack: NonNegInt = 0
 
 
 class AcceptanceConfig(_Section):
+    #: Reject groups whose members all got the same reward.
     reject_zero_variance: bool = False
+    #: Failed members a group may have and still be accepted.
     max_failed_members: NonNegInt = 0
+    #: `package.module:function(group)`: True, or a reason string to reject.
     plugin: PluginRef = ""
 
 
 class SamplingConfig(_Section, omit_defaults=True):
     """SGLang ``sampling_params`` keys only: a real server refuses unknown ones."""
 
+    #: SGLang sampling temperature.
     temperature: NonNegFloat = 1.0
+    #: SGLang nucleus sampling.
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    #: Generation budget per call.
     max_new_tokens: PosInt = 1024
+    #: SGLang top-k.
     top_k: int | None = None
+    #: SGLang min-p.
     min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    #: SGLang minimum new tokens.
     min_new_tokens: NonNegInt | None = None
+    #: SGLang frequency penalty.
     frequency_penalty: float | None = None
+    #: SGLang presence penalty.
     presence_penalty: float | None = None
+    #: SGLang repetition penalty.
     repetition_penalty: PosFloat | None = None
+    #: Stop strings.
     stop: list[str] | None = None
+    #: Stop token ids.
     stop_token_ids: list[int] | None = None
+    #: Keep generating past EOS.
     ignore_eos: bool | None = None
+    #: Drop special tokens from the text.
     skip_special_tokens: bool | None = None
+    #: Keep the stop string in the text.
     no_stop_trim: bool | None = None
 
     def params(self) -> dict[str, object]:
@@ -143,47 +194,86 @@ class SamplingConfig(_Section, omit_defaults=True):
 
 
 class WorkflowConfig(_Section):
+    #: Episode workflow: `controlled_length`, `controlled_turns`, `generate`, `math`, `noop`
+    #: or `package.module:factory`.
     name: str = "controlled_length"
+    #: Run seed; an episode's sampling seed derives from (seed, prompt id, member).
     seed: NonNegInt = 0
     sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
 
 
 class EngineConfig(_Section):
+    #: `sim` (simulated replicas) or `sglang`.
     kind: Literal["sim", "sglang"] = "sim"
+    #: `up` with sglang: the replicas' URLs.
     urls: list[str] = msgspec.field(default_factory=list)
+    #: `up` with sim: replicas to start.
     replicas: PosInt = 8
+    #: Concurrent episodes per replica / GPU (SGLang's `--max-running-requests`).
     slots_per_replica: PosInt = 16
-    threads_per_process: PosInt = 1  # a worker's episode slots per process (threads)
+    #: A worker's episode slots per process, as threads (1: a process per slot).
+    threads_per_process: PosInt = 1
+    #: sim: decode step time with one running request (ms).
     step_ms: PosFloat = 4.5
+    #: sim: added to the step per running request (ms).
     step_ms_per_request: NonNegFloat = 0.2
+    #: sim: uncached context tokens computed per second; prefill stalls decode.
     prefill_tokens_per_s: PosFloat = 20_000.0
+    #: sim: most tokens in one prefill round (SGLang's `--chunked-prefill-size`).
     chunked_prefill_size: PosInt = 8192
+    #: sim: KV pool in tokens, shared by running requests and the prefix cache (SGLang's
+    #: `--max-total-tokens`); at least one chunk.
     max_total_tokens: PosInt = 220_000
+    #: How a pause stops generation: `in_place` (KV kept), `abort` (partial rollout resumed
+    #: under the new weights; its context cached) or `retract` (KV freed, recomputed on
+    #: resume).
     pause_mode: PauseMode = "in_place"
-    #: adaptive concurrency: each worker's limit follows its replica's KV room
+    #: true: each worker reads its replica's `/metrics` and sets how many of its slots take
+    #: new jobs (halved on a retraction or a token usage above 0.90, one more a look while
+    #: there is room); its registered slots, and `"auto"` capacity, follow.
     adaptive_slots: bool = False
-    min_slots_per_replica: PosInt = 1  # the lowest limit (the highest: slots_per_replica)
-    adaptive_interval_s: PosFloat = 1.0  # how often a worker reads its replica's /metrics
+    #: Adaptive slots: the lowest limit a worker sets (the highest is `slots_per_replica`);
+    #: at most `slots_per_replica`.
+    min_slots_per_replica: PosInt = 1
+    #: Adaptive slots: seconds between a worker's looks at its replica's `/metrics`.
+    adaptive_interval_s: PosFloat = 1.0
+    #: `node` with sglang: the model to serve.
     model_path: str = ""
-    #: the Python that has SGLang ("": $QUEUE_ROLLOUT_SGLANG_PYTHON, else this one)
+    #: `node` with sglang: the Python that has SGLang and runs the replicas; empty: the
+    #: environment variable `QUEUE_ROLLOUT_SGLANG_PYTHON`, else the Python of
+    #: `queue-rollout` itself. `node` refuses to start when it cannot import `sglang`.
     python: str = ""
+    #: `node`: replica i listens on base_port + i.
     base_port: Port = 30000
+    #: `node`: pass `--enable-deterministic-inference` (a retry reproduces its episode). A
+    #: CPU server (`--device cpu`) refuses it: set false there.
     deterministic: bool = True
+    #: `node`: extra SGLang launch arguments, passed through; with `--device cpu` the
+    #: replicas also get `SGLANG_USE_CPU_ENGINE=1`.
     sglang_args: list[str] = msgspec.field(default_factory=list)
 
 
 class CollectorConfig(_Section):
-    step_ms: PosFloat = 200.0  # one round: admission, the outbox, judgement, reconciler
+    #: The collector's round (admission, the outbox, judgement, the reconciler) runs this
+    #: often (ms). Lower it only for a farm whose episodes take well under a second (the
+    #: benchmarks scale it with time).
+    step_ms: PosFloat = 200.0
 
 
 class LimitsConfig(_Section):
+    #: Largest prompt accepted (bytes of JSON).
     max_prompt_bytes: PosInt = 1_048_576
+    #: Largest episode result; a larger one fails its episode.
     max_result_bytes: PosInt = 16_777_216
+    #: Most turns of one member in a prompt's `member_turns` (`controlled_turns`); a longer
+    #: member refuses the prompt.
     max_turns: PosInt = 256
 
 
 class MetricsConfig(_Section):
+    #: Address the metrics endpoint binds.
     host: str = "127.0.0.1"
+    #: Port of `/metrics` and `/healthz`.
     port: Port = 9464
 
 
@@ -191,7 +281,10 @@ class HistoryConfig(_Section):
     """Each admitted group's story (``trace``), kept in Redis for the last
     ``max_groups`` groups admitted within ``ttl_s``; ``max_groups = 0`` keeps none."""
 
+    #: Groups whose story `trace` can tell (admission, each attempt, judgement, batch, ack):
+    #: the last this many admitted; the oldest beyond leave. 0: no history is kept.
     max_groups: NonNegInt = 10_000
+    #: Seconds a group's story is kept after its admission.
     ttl_s: PosInt = 86_400
 
 
