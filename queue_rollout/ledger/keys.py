@@ -1,7 +1,11 @@
 """Every Redis key name queue-rollout uses, built from the farm name.
 
-Farm keys carry the farm as a Redis Cluster hash tag (``qr:{demo}:counters``) so that
-every ledger script touches keys of one slot. RQ's own keys (``rq:...``) are RQ's.
+Farm keys carry the farm as a Redis Cluster hash tag (``qr:{demo}:counters``), so every
+ledger script touches keys of one slot but one: ``move.lua`` also takes two RQ queues
+(``rq:queue:qr-<farm>-episodes`` and a worker's), RQ's own keys, which carry no hash
+tag. On Redis Cluster they would sit in other slots; giving them the farm's tag renames
+the queues every running worker reads, a migration left for the day the farm runs on a
+cluster. Every other script runs there as it is.
 """
 
 from __future__ import annotations
