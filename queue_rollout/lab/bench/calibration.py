@@ -15,8 +15,8 @@ from typing import Any
 
 from queue_rollout.config import PauseMode
 from queue_rollout.lab.bench.pilot import Bench
-from queue_rollout.lab.bench.profiles import PILOTS
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import PILOTS
 
 #: The reference's figures (s): mean rollout interval, all-work completion.
 REFERENCE: dict[str, dict[str, tuple[float, float]]] = {

@@ -1,5 +1,6 @@
-"""The kv-pressure profile: fixed episode slots against adaptive concurrency when the
-replicas' KV memory is short.
+"""The kv-pressure pilot's runs (its profile: ``KV_PRESSURE``, in
+:mod:`queue_rollout.lab.workloads.pilots`): fixed episode slots against adaptive
+concurrency when the replicas' KV memory is short.
 
 The long tail's episodes (seven 1,024-token members and one 16,384-token one per
 group) over replicas whose KV pool holds 8 x 16,384 reference tokens
@@ -27,17 +28,14 @@ from queue_rollout.lab.bench.pilot import (
     run_audited,
     shape_json,
 )
-from queue_rollout.lab.bench.profiles import PILOTS, Profile
 from queue_rollout.lab.sim.model import recomputed_tokens
-from queue_rollout.lab.virtual.farm import SimReport, long_tail_lengths
+from queue_rollout.lab.virtual.farm import SimReport
 from queue_rollout.lab.virtual.ideal import ideal_schedule
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import PILOTS
+from queue_rollout.lab.workloads.profile import Profile
 from queue_rollout.ledger.connection import connect
 
-KV_PRESSURE = Profile(
-    "kv-pressure", "members 7 x 1,024 + 1 x 16,384 tokens; a KV pool of 8 x 16,384 tokens "
-    "per replica", lengths=long_tail_lengths,
-    shape=Shape(max_total_tokens=8 * 16_384, max_staleness=7))
 #: The runs, in order: (admission mode, slots).
 RUNS = (("group", "fixed"), ("group", "adaptive"), ("sample", "fixed"),
         ("sample", "adaptive"))

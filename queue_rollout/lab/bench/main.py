@@ -16,31 +16,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from queue_rollout.config import Placement
-from queue_rollout.lab.bench.kv_pressure import KV_PRESSURE, run_kv_pressure
+from queue_rollout.lab.bench.kv_pressure import run_kv_pressure
 from queue_rollout.lab.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
-from queue_rollout.lab.bench.placement import LONG_PROMPT, run_long_prompt
-from queue_rollout.lab.bench.profiles import PILOTS, Profile
-from queue_rollout.lab.bench.seed_pilots import (
-    SEED_PILOTS,
-    calibration_achieved,
-    refit,
-    sensitivity,
-)
+from queue_rollout.lab.bench.placement import run_long_prompt
+from queue_rollout.lab.bench.seed_pilots import calibration_achieved, refit, sensitivity
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import KV_PRESSURE, LONG_PROMPT, PILOTS
+from queue_rollout.lab.workloads.profile import Profile
+from queue_rollout.lab.workloads.registry import MULTI_RUN, PILOT_NAMES, pilot_profile
+from queue_rollout.lab.workloads.seed import SEED_PILOTS
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
-#: Profiles of several runs each: placement's, adaptive concurrency's.
-MULTI_RUN = {LONG_PROMPT.name: LONG_PROMPT, KV_PRESSURE.name: KV_PRESSURE}
-#: Every pilot: the synthetic ones, the seed's workloads, those of several runs.
-PILOT_NAMES = (*PILOTS, *SEED_PILOTS, *MULTI_RUN)
+#: Every profile ``--profile all`` runs, in order.
 ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS, *MULTI_RUN)
-
-
-def pilot_profile(name: str) -> Profile:
-    if name in MULTI_RUN:
-        return MULTI_RUN[name]
-    return PILOTS[name] if name in PILOTS else SEED_PILOTS[name]()
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ ideal schedule of the same policy.
 
 One bench invocation starts one embedded Redis and ``replicas`` simulated replicas,
 each logging its requests; every run (a profile in a mode) gets its own farm name,
-workers and collector on them. The trainer takes each batch, pauses the farm (barrier),
-trains for ``train_s``, acknowledges, raises the policy version and resumes; after
-``train_batches`` batches the rest is drained: each batch acknowledged and the version
-raised without a pause, exactly as :class:`~queue_rollout.lab.virtual.farm.SimFarm` (the ideal
-schedule) does.
+workers and collector on them. The trainer (:mod:`queue_rollout.lab.trainer`) takes each
+batch, pauses the farm (barrier), trains for ``train_s``, acknowledges, raises the policy
+version and resumes; after ``train_batches`` batches the rest is drained: each batch
+acknowledged and the version raised without a pause, exactly as
+:class:`~queue_rollout.lab.virtual.farm.SimFarm` (the ideal schedule) does.
 
 Active episodes come from the replicas' own request logs (start and end of every
 request, on the machine's monotonic clock, which the bench shares), integrated over
@@ -32,15 +32,19 @@ from typing import Any
 import msgspec
 from rq import Queue, Worker
 
-from queue_rollout.client.rollout import RolloutClient, stand_in_training
+from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, PauseMode
 from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.lab.bench.profiles import Profile, manifest_digest
-from queue_rollout.lab.bench.redis_load import Window, read
-from queue_rollout.lab.virtual.farm import (
-    SimReport,
+from queue_rollout.lab.redis_info import Window, read
+from queue_rollout.lab.trainer import TakenBatch, run_trainer
+from queue_rollout.lab.virtual.farm import SimReport
+from queue_rollout.lab.virtual.figures import (
+    mean_rollout_interval,
     median_batch_interval,
+    num,
+    rollout_intervals,
+    schedule_figures,
     steady_groups_per_hour,
 )
 from queue_rollout.lab.virtual.ideal import (
@@ -48,12 +52,11 @@ from queue_rollout.lab.virtual.ideal import (
     ideal_json,
     ideal_schedule,
     kv_settings,
-    num,
     rollout_settings,
-    schedule_figures,
     sim_turns,
 )
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.profile import Profile, manifest_digest
 from queue_rollout.launch.up import LocalFarm, start_sim_engines
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
@@ -98,15 +101,17 @@ class ModeRun:
         return manifest_digest(self.delivered_prompts)
 
     @property
+    def pause_ends(self) -> list[float]:
+        return [end for _, end in self.pauses]
+
+    @property
     def rollout_intervals(self) -> list[float]:
         """Batch k (k = 2 .. train_batches): from the end of batch k-1's pause to k ready."""
-        return [self.ready[k] - self.pauses[k - 1][1]
-                for k in range(1, min(len(self.ready), len(self.pauses) + 1))]
+        return rollout_intervals(self.ready, self.pause_ends)
 
     @property
     def mean_rollout_interval(self) -> float:
-        iv = self.rollout_intervals
-        return sum(iv) / len(iv) if iv else float("nan")
+        return mean_rollout_interval(self.ready, self.pause_ends)
 
     @property
     def all_work_s(self) -> float:
@@ -228,10 +233,6 @@ class Bench:
     def stop(self) -> None:
         stop_all((e.proc for e in self.engines if e.proc), 10)
 
-    def rollout(self, mode: str, max_staleness: int, placement: str = "any",
-                adaptive: bool = False) -> dict[str, object]:
-        return rollout_settings(self.shape, mode, max_staleness, placement, adaptive)
-
     def adaptive_section(self) -> dict[str, object]:
         """Adaptive concurrency's ``[engine]`` keys: the floor, and the look at each
         replica's metrics every second scaled by time."""
@@ -251,7 +252,7 @@ class Bench:
         config = msgspec.convert({
             "farm": {"name": f"bench-{self.runs}-{profile.name}-{mode}",
                      "redis_url": self.redis_url, "state_dir": str(state)},
-            "rollout": self.rollout(mode, max_staleness, placement, adaptive),
+            "rollout": rollout_settings(s, mode, max_staleness, placement, adaptive),
             "workflow": {"name": workflow},
             "engine": {**self.engine_section(), **(self.adaptive_section() if adaptive else {})},
             "collector": {"step_ms": self.scale.collector_step_ms},
@@ -274,23 +275,25 @@ class Bench:
             client.submit(prompts)
             sampler = RunningSampler(client.ledger, t0, max(0.01, self.scale.time / 2))
             view = LiveView(f"{profile.name} {mode}", batches, "batches")
-            for k in range(batches):
-                batch = client.get_batch(timeout=1800, max_poll_s=self.scale.trainer_poll_s)
-                now = time.monotonic() - t0
-                run.ready.append(now)
+
+            def ready(taken: TakenBatch) -> None:
+                run.ready.append(taken.ready)
                 run.accepted_at_ready.append(client.ledger.counters().get("accepted", 0))
-                for g in batch.groups:
+                for g in taken.batch.groups:
                     run.delivered[g.id] = [len(m.output_ids) for m in g.members]
                     run.delivered_turns[g.id] = [m.turn_lengths for m in g.members]
                     run.delivered_prompts.append(g.prompt)
-                training = k < s.train_batches  # then the drain: no pause, no training
-                client.train_step(batch, stand_in_training(train_s if training else 0.0),
-                                  pause=training)
-                if training:
-                    run.pauses.append((now, time.monotonic() - t0))
-                self.progress(f"{profile.name} {mode}: batch {k + 1}/{batches} ready at "
-                              f"{now:.2f}s")
-                view.show(k + 1, ready=f"{now:.1f}s")
+
+            def done(taken: TakenBatch) -> None:
+                if taken.resumed is not None:
+                    run.pauses.append((taken.ready, taken.resumed))
+                self.progress(f"{profile.name} {mode}: batch {taken.index + 1}/{batches} "
+                              f"ready at {taken.ready:.2f}s")
+                view.show(taken.index + 1, ready=f"{taken.ready:.1f}s")
+
+            run_trainer(client, t0, batches=batches, train_batches=s.train_batches,
+                        train_s=train_s, timeout=1800, max_poll_s=self.scale.trainer_poll_s,
+                        on_ready=ready, on_done=done)
             view.close()
             run.redis = Window.between(redis_before, read(client.ledger.client))
             run.in_flight = sampler.stop()
@@ -451,8 +454,7 @@ def mode_json(run: ModeRun, scale: Scale, shape: Shape, multi_turn: bool) -> dic
     ideal = run.ideal
     ideal_all = ideal.all_work_s if ideal else math.nan
     active = run.mean_in_flight if multi_turn else run.mean_active
-    times = schedule_figures(run.ready, [end for _, end in run.pauses], shape.batch_size,
-                             shape.train_batches)
+    times = schedule_figures(run.ready, run.pause_ends, shape.batch_size, shape.train_batches)
     out: dict[str, Any] = {
         "mean_rollout_interval_s": num(run.mean_rollout_interval, 3),
         "all_work_completion_s": num(run.all_work_s, 3),

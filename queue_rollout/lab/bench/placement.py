@@ -1,5 +1,6 @@
-"""The long-prompt profile: where a group's members run decides how often its prompt
-is computed.
+"""The long-prompt pilot's runs (its profile: ``LONG_PROMPT``, in
+:mod:`queue_rollout.lab.workloads.pilots`): where a group's members run decides how
+often its prompt is computed.
 
 Each group has a prompt of its own (4,096 reference tokens) and the long tail's outputs
 (seven 1,024-token members and one 16,384-token one). A replica keeps what it computed
@@ -24,13 +25,9 @@ from queue_rollout.lab.bench.pilot import (
     run_audited,
     shape_json,
 )
-from queue_rollout.lab.bench.profiles import Profile
-from queue_rollout.lab.virtual.farm import long_tail_lengths
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.profile import Profile
 
-LONG_PROMPT = Profile(
-    "long-prompt", "4,096-token prompts, one per group; members 7 x 1,024 + 1 x 16,384 "
-    "tokens", lengths=long_tail_lengths, prompt_tokens=4096)
 #: The runs, in order: (admission mode, placement).
 RUNS = (("group", "any"), ("group", "group"), ("sample", "any"), ("sample", "group"))
 

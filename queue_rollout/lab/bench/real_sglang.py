@@ -49,9 +49,10 @@ from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
 from queue_rollout.lab.bench.fit import least_squares
 from queue_rollout.lab.bench.pilot import Bench, ModeRun, audit, mode_json, shape_json
-from queue_rollout.lab.bench.profiles import Profile
 from queue_rollout.lab.virtual.ideal import ideal_json, ideal_schedule
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import long_tail_lengths
+from queue_rollout.lab.workloads.profile import Profile
 from queue_rollout.launch.node import (
     CPU_SGLANG_ARGS,
     check_sglang_python,
@@ -82,8 +83,7 @@ def long_tail(short: int) -> Callable[[int, int], dict[str, list[int]]]:
     """Per group three members of *short* tokens and one of 8 x *short*, its position
     rotating by prompt."""
     def lengths(prompts: int, g: int) -> dict[str, list[int]]:
-        return {f"rlt-{i:04d}": [8 * short if m == i % g else short for m in range(g)]
-                for i in range(prompts)}
+        return long_tail_lengths(prompts, g, short=short, long=8 * short, prefix="rlt")
     return lengths
 
 

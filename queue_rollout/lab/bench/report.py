@@ -11,9 +11,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from queue_rollout.errors import ConfigError
 from queue_rollout.lab.bench.pilot import ModeRun
 from queue_rollout.lab.bench.seed_pilots import SENSITIVE
+from queue_rollout.lab.plots import pyplot
 
 ROWS = (  # (label, key, format)
     ("mean rollout interval, b2-6 (s)", "mean_rollout_interval_s", ".2f"),
@@ -283,19 +283,6 @@ def placement_text(result: dict[str, Any]) -> str:
 
 def placement_markdown(result: dict[str, Any]) -> str:
     return _table_markdown(_runs_header(result), placement_rows(result))
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot, drawing to files; a clear error where it is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--out draws plots with matplotlib: "
-                          "pip install 'queue-rollout[bench]'") from None
-    return plt
 
 
 def write_report(out: Path, results: list[dict[str, Any]],

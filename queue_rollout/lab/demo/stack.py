@@ -4,7 +4,7 @@ An embedded Redis, 2 simulated replicas with 8 slots each, one worker per replic
 (8 episode workers each), the collector (each a process, as ``up`` runs them), and a
 trainer that takes each batch, pauses the farm (barrier), "trains" for ``TRAIN_S``,
 acknowledges the batch, raises the policy version and resumes
-(:meth:`~queue_rollout.client.rollout.RolloutClient.train_step`).
+(:mod:`queue_rollout.lab.trainer`).
 The prompt set is the long-tail profile at a small scale: per group of 4, three short
 episodes and one long one (its position rotating by prompt). It runs group admission,
 then sample refill, with a live view on a terminal, then a summary; the processes'
@@ -23,8 +23,13 @@ from typing import Any, TextIO
 
 import msgspec
 
-from queue_rollout.client.rollout import RolloutClient, stand_in_training
+from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config
+from queue_rollout.lab.trainer import TakenBatch, run_trainer
+from queue_rollout.lab.virtual.figures import mean_rollout_interval, rollout_intervals
+from queue_rollout.lab.virtual.ideal import rollout_settings
+from queue_rollout.lab.virtual.shape import Shape
+from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.launch.owner import Owner
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
@@ -36,22 +41,20 @@ GROUP, BATCH, PROMPTS, SHORT, LONG = 4, 4, 32, 256, 2048
 REPLICAS, SLOTS = 2, 8
 TRAIN_S, TRAIN_BATCHES = 1.0, 4
 TIME_SCALE = 4  # the replicas decode, and the collector steps, this much faster
+#: The farm's shape, as the ``[rollout]`` section is built from it.
+SHAPE = Shape(group_size=GROUP, batch_size=BATCH, replicas=REPLICAS, slots_per_replica=SLOTS)
 
 
 def demo_prompts(n: int = PROMPTS) -> list[dict[str, Any]]:
-    return [{"id": f"demo-{i:03d}", "prompt": f"demo prompt {i}",
-             "member_lengths": [LONG if m == i % GROUP else SHORT for m in range(GROUP)]}
-            for i in range(n)]
+    lengths = long_tail_lengths(n, GROUP, short=SHORT, long=LONG)
+    return [{"id": f"demo-{i:03d}", "prompt": f"demo prompt {i}", "member_lengths": members}
+            for i, members in enumerate(lengths.values())]
 
 
 def mode_config(base: Config, redis_url: str, mode: str, state_dir: Path) -> Config:
-    rollout: dict[str, Any] = {"group_size": GROUP, "batch_size": BATCH, "max_staleness": 2,
-                               "max_concurrent_rollouts": REPLICAS * SLOTS // GROUP}
-    if mode == "sample":
-        rollout["max_concurrent_samples"] = REPLICAS * SLOTS
     return msgspec.convert({
         "farm": {"name": f"demo-{mode}", "redis_url": redis_url, "state_dir": str(state_dir)},
-        "rollout": rollout,
+        "rollout": rollout_settings(SHAPE, mode, max_staleness=2),
         "engine": {"replicas": REPLICAS, "slots_per_replica": SLOTS,
                    "step_ms": base.engine.step_ms / TIME_SCALE,
                    "step_ms_per_request": base.engine.step_ms_per_request / TIME_SCALE},
@@ -77,17 +80,23 @@ class ModeReport:
     def mean_active(self) -> float:
         return self.active_area / self.generating if self.generating else 0.0
 
-    @property
-    def intervals(self) -> list[float]:
-        """Each rollout interval: from the farm resuming after a training step to the
-        next batch ready."""
-        return [self.ready_times[k] - self.resumed_times[k - 1]
-                for k in range(1, min(len(self.ready_times), len(self.resumed_times) + 1))]
+    def ready(self, taken: TakenBatch) -> None:
+        self.ready_times.append(taken.ready)
+
+    def done(self, taken: TakenBatch) -> None:
+        if taken.resumed is not None:
+            self.resumed_times.append(taken.resumed)
+        self.batches += 1
 
     @property
-    def mean_interval(self) -> float:
-        iv = self.intervals
-        return sum(iv) / len(iv) if iv else float("nan")
+    def rollout_intervals(self) -> list[float]:
+        """Each rollout interval: from the farm resuming after a training step to the
+        next batch ready."""
+        return rollout_intervals(self.ready_times, self.resumed_times)
+
+    @property
+    def mean_rollout_interval(self) -> float:
+        return mean_rollout_interval(self.ready_times, self.resumed_times)
 
 
 def run_mode(base: Config, redis_url: str, mode: str, root: Path,
@@ -107,15 +116,8 @@ def run_mode(base: Config, redis_url: str, mode: str, root: Path,
             sampler = threading.Thread(target=_sample, args=(client, report, stop, view),
                                        daemon=True)
             sampler.start()
-            for k in range(PROMPTS // BATCH):
-                batch = client.get_batch(timeout=300)
-                report.ready_times.append(time.monotonic() - t0)
-                training = k < TRAIN_BATCHES  # then the drain: no pause, no training
-                client.train_step(batch, stand_in_training(TRAIN_S if training else 0.0),
-                                  pause=training)
-                if training:
-                    report.resumed_times.append(time.monotonic() - t0)
-                report.batches += 1
+            run_trainer(client, t0, batches=PROMPTS // BATCH, train_batches=TRAIN_BATCHES,
+                        train_s=TRAIN_S, timeout=300, on_ready=report.ready, on_done=report.done)
             report.seconds = time.monotonic() - t0
             stop.set()
             sampler.join(5)
@@ -182,7 +184,8 @@ def _run_stack_demo(base: Config, root: Path, out: TextIO, verbose: bool) -> int
         ("groups accepted", g.accepted, s.accepted, "d"),
         ("groups rejected", g.rejected, s.rejected, "d"),
         ("batches", g.batches, s.batches, "d"),
-        ("mean rollout interval (s)", g.mean_interval, s.mean_interval, ".2f"),
+        ("mean rollout interval (s)", g.mean_rollout_interval, s.mean_rollout_interval,
+         ".2f"),
         ("all batches delivered (s)", g.seconds, s.seconds, ".2f"),
         ("mean active episodes", g.mean_active, s.mean_active, ".2f"),
         ("slot occupancy", g.mean_active / (REPLICAS * SLOTS),
@@ -194,7 +197,7 @@ def _run_stack_demo(base: Config, root: Path, out: TextIO, verbose: bool) -> int
     out.write(
         "\n  rollout interval: from the farm resuming after a training step to the next "
         "batch ready\n  (mean over the trained batches; this run's spread: group "
-        f"{_spread(g.intervals)}, sample {_spread(s.intervals)})\n"
+        f"{_spread(g.rollout_intervals)}, sample {_spread(s.rollout_intervals)})\n"
         "  all batches delivered: from the prompts submitted to the last batch taken\n"
         "  active episodes: running while the farm was not paused; occupancy: that over "
         f"the {REPLICAS * SLOTS} slots\n"

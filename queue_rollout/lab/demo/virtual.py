@@ -15,11 +15,15 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+import msgspec
 import redis
 
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm, SimReport, long_tail_lengths
+from queue_rollout.lab.virtual.farm import SimFarm, SimReport
+from queue_rollout.lab.virtual.ideal import rollout_settings
+from queue_rollout.lab.virtual.shape import Shape
+from queue_rollout.lab.workloads.pilots import LONG_TAIL_LONG, LONG_TAIL_SHORT, long_tail_lengths
 from queue_rollout.ledger.connection import connect, connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
@@ -53,6 +57,18 @@ def _run_mode(client: redis.Redis, config: Config, rollout: RolloutConfig, farm:
         return sim.run()
 
 
+def mode_rollout(config: Config, mode: str) -> RolloutConfig:
+    """*mode*'s rollout settings on *config*'s farm: its groups, batches, window and
+    attempts, every slot of its replicas; group mode admits as many groups at once as
+    *config* says."""
+    r, e = config.rollout, config.engine
+    shape = Shape(group_size=r.group_size, batch_size=r.batch_size, replicas=e.replicas,
+                  slots_per_replica=e.slots_per_replica)
+    return msgspec.convert({**rollout_settings(shape, mode, r.max_staleness),
+                            "max_concurrent_rollouts": r.max_concurrent_rollouts,
+                            "max_attempts": r.max_attempts}, RolloutConfig)
+
+
 def _row(name: str, g: float, s: float, fmt: str) -> str:
     change = f"{(s / g - 1) * 100:+.1f}%" if g else "n/a"
     return f"  {name:<34}{format(g, fmt):>14}{format(s, fmt):>14}{change:>10}"
@@ -77,17 +93,11 @@ def summary(group: SimReport, sample: SimReport) -> str:
 def run_demo(config: Config, *, prompts: int = 128, batches: int = 6,
              out: TextIO = sys.stdout) -> int:
     r = config.rollout
-    slots = config.engine.replicas * config.engine.slots_per_replica
-    group_mode = RolloutConfig(
-        group_size=r.group_size, batch_size=r.batch_size,
-        max_concurrent_rollouts=r.max_concurrent_rollouts, max_staleness=r.max_staleness,
-        max_attempts=r.max_attempts)
-    sample_mode = RolloutConfig(
-        group_size=r.group_size, batch_size=r.batch_size, max_concurrent_samples=slots,
-        max_staleness=r.max_staleness, max_attempts=r.max_attempts)
+    group_mode, sample_mode = mode_rollout(config, "group"), mode_rollout(config, "sample")
     out.write(
         f"queue-rollout demo: {prompts} prompts x G={r.group_size} (long tail: "
-        f"{r.group_size - 1} x 1,024 + 1 x 16,384 tokens), B={r.batch_size}, "
+        f"{r.group_size - 1} x {LONG_TAIL_SHORT:,} + 1 x {LONG_TAIL_LONG:,} tokens), "
+        f"B={r.batch_size}, "
         f"{config.engine.replicas} replicas x {config.engine.slots_per_replica} slots, "
         f"max_staleness={r.max_staleness}, {TRAIN_S:g} s training pause x {batches}\n"
         "ledger: Lua scripts on an embedded redis-server; replicas: simulated, virtual time\n")

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from queue_rollout.errors import BadInput
-from queue_rollout.lab.bench.main import pilot_profile
-from queue_rollout.lab.bench.profiles import Profile
 from queue_rollout.lab.plan.headroom import Headroom, headroom, load_redis_costs
 from queue_rollout.lab.plan.report import recommend, table, write_report
 from queue_rollout.lab.plan.run import MODES, PLACEMENTS, SLOTS, PlanRun, Setting, run_plan
 from queue_rollout.lab.plan.workload import farm_shapes, read_shapes, sample_manifest
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.profile import Profile
+from queue_rollout.lab.workloads.registry import pilot_profile
 
 #: Batches a workload file is planned over unless ``--batches`` says otherwise.
 FILE_BATCHES = 8

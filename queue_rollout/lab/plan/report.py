@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from queue_rollout.lab.bench.report import pyplot
+from queue_rollout.lab.plots import pyplot
 
 #: Settings whose mean rollout interval is within this share of the best count as
 #: equally fast; among them the least stale wins (the model is deterministic, but a

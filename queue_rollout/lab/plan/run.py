@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from queue_rollout.lab.bench.redis_load import Window, read
+from queue_rollout.lab.redis_info import Window, read
 from queue_rollout.lab.virtual.farm import SimFarm, SimReport
 from queue_rollout.lab.virtual.ideal import ideal_json, ideal_schedule
 from queue_rollout.lab.virtual.shape import Scale, Shape

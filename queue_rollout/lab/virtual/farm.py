@@ -33,9 +33,7 @@ only under its limit, and ``"auto"`` capacity (sample mode) is the sum of the li
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +50,12 @@ from queue_rollout.lab.sim.model import (
 )
 from queue_rollout.lab.sim.tokens import Tokens
 from queue_rollout.lab.virtual.clock import ManualClock
+from queue_rollout.lab.virtual.figures import (
+    mean_rollout_interval,
+    median_batch_interval,
+    rollout_intervals,
+    steady_groups_per_hour,
+)
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.group_shapes import member_shape
 from queue_rollout.transcript import Transcript
@@ -101,13 +105,11 @@ class SimReport:
     @property
     def rollout_intervals(self) -> list[float]:
         """Batch k (k = 2..): from the end of batch k-1's pause to batch k ready."""
-        return [self.ready_times[k] - self.pause_ends[k - 1]
-                for k in range(1, min(len(self.ready_times), len(self.pause_ends) + 1))]
+        return rollout_intervals(self.ready_times, self.pause_ends)
 
     @property
     def mean_rollout_interval(self) -> float:
-        iv = self.rollout_intervals
-        return sum(iv) / len(iv) if iv else math.nan
+        return mean_rollout_interval(self.ready_times, self.pause_ends)
 
     @property
     def slot_occupancy(self) -> float:
@@ -119,20 +121,6 @@ class SimReport:
     @property
     def median_batch_interval(self) -> float:
         return median_batch_interval(self.ready_times)
-
-
-def steady_groups_per_hour(ready: list[float], batch_size: int) -> float:
-    """Groups consumed per hour from the first batch ready to the last (the reference's
-    steady window: (N - 1) x B groups over that time)."""
-    if len(ready) < 2 or ready[-1] <= ready[0]:
-        return math.nan
-    return (len(ready) - 1) * batch_size / (ready[-1] - ready[0]) * 3600.0
-
-
-def median_batch_interval(ready: list[float]) -> float:
-    """The median time between successive batches ready."""
-    gaps = [b - a for a, b in itertools.pairwise(ready)]
-    return statistics.median(gaps) if gaps else math.nan
 
 
 class SimFarm:
@@ -549,10 +537,3 @@ def _tokens_of(name: str) -> range:
     other name's, so contexts share a prefix only where they should."""
     start = (stable_hash("synthetic", name) % (1 << 40)) << 24
     return range(start, start + (1 << 24))
-
-
-def long_tail_lengths(prompts: int, group_size: int, short: int = 1024,
-                      long: int = 16384) -> dict[str, list[int]]:
-    """Per group: G-1 short episodes and one long one, its position rotating by prompt."""
-    return {f"lt-{i:04d}": [long if m == i % group_size else short for m in range(group_size)]
-            for i in range(prompts)}

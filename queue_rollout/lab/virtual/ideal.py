@@ -5,7 +5,6 @@ at, and the figures it is reported by. The bench's pilots set it beside each run
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +14,8 @@ import redis
 from queue_rollout.config import EngineConfig, PauseMode, RolloutConfig
 from queue_rollout.lab.sim.server import text_tokens
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import (
-    SimFarm,
-    SimReport,
-    Turn,
-    median_batch_interval,
-    steady_groups_per_hour,
-)
+from queue_rollout.lab.virtual.farm import SimFarm, SimReport, Turn
+from queue_rollout.lab.virtual.figures import num, schedule_figures
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.ledger.core import Ledger
 
@@ -102,26 +96,6 @@ def sim_turns(member: Any) -> list[Turn]:
     turns = member["turns"] if isinstance(member, dict) else member
     return [(t["gen"], float(t.get("tool_s", 0.0)), int(t.get("tool_tokens", 0)))
             for t in turns]
-
-
-def num(value: float, digits: int) -> float | None:
-    """*value* rounded, None where it is undefined (JSON has no NaN)."""
-    return None if math.isnan(value) else round(value, digits)
-
-
-def schedule_figures(ready: list[float], pause_ends: list[float], batch_size: int,
-                     train_batches: int) -> dict[str, float | None]:
-    """What the batch-ready times alone say: first and last batch ready, the median
-    time between batches, the mean cycle (batch k-1 ready to batch k ready, k = 2 up
-    to the last trained batch: the rollout and the pause), the steady groups/hour (batch
-    1 ready to the last trained one; with rolling consumption, to the last)."""
-    cycles = [ready[k] - ready[k - 1] for k in range(1, min(len(ready), train_batches))]
-    steady = ready[:train_batches] if train_batches else ready
-    return {"first_batch_s": num(ready[0] if ready else math.nan, 3),
-            "batches_ready_s": num(ready[-1] if ready else math.nan, 3),
-            "median_batch_interval_s": num(median_batch_interval(ready), 3),
-            "mean_cycle_s": num(sum(cycles) / len(cycles) if cycles else math.nan, 3),
-            "steady_groups_per_hour": num(steady_groups_per_hour(steady, batch_size), 1)}
 
 
 def ideal_json(ideal: SimReport, shape: Shape, multi_turn: bool) -> dict[str, Any]:

@@ -9,11 +9,12 @@ import json
 import pytest
 
 from queue_rollout.lab.bench import kv_pressure
-from queue_rollout.lab.bench.kv_pressure import KV_PRESSURE, controls, run_kv_pressure
+from queue_rollout.lab.bench.kv_pressure import controls, run_kv_pressure
 from queue_rollout.lab.bench.pilot import open_bench
 from queue_rollout.lab.bench.report import kv_markdown, kv_text
 from queue_rollout.lab.virtual.ideal import ideal_schedule
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import KV_PRESSURE
 from queue_rollout.ledger.connection import connect
 
 #: Two replicas of 4 slots whose pool holds one and a half long members (512 tokens).

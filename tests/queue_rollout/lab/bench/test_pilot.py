@@ -1,5 +1,5 @@
-"""The pilot benchmarks: profiles, the audit, the measures, a small run through the real
-stack and the report. (The speed targets are benchmarks, not tests: docs/en/benchmarks.md.)"""
+"""The pilot benchmarks: the audit, the measures, a small run through the real stack and
+the report. (The speed targets are benchmarks, not tests: docs/en/benchmarks.md.)"""
 
 from __future__ import annotations
 
@@ -11,42 +11,12 @@ import pytest
 from queue_rollout.engines.sglang import episode_seed
 from queue_rollout.errors import InvariantViolation
 from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot, window_sweep
-from queue_rollout.lab.bench.profiles import PILOTS, manifest_digest
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import PILOTS
 
 SMALL = Shape(prompts=8, group_size=4, batch_size=2, replicas=2, slots_per_replica=4,
               train_batches=2)
 FAST = Scale(time=0.02, tokens=1 / 32)  # long-tail: 32 and 512 tokens; the long one ~2 s
-
-
-# -- profiles ---------------------------------------------------------------------------
-
-def test_profiles_are_deterministic_and_shaped_as_documented():
-    shape, scale = Shape(), Scale(time=1, tokens=1)
-    for profile in PILOTS.values():
-        a, b = profile.manifest(shape, scale), profile.manifest(shape, scale)
-        assert a == b and len(a) == 128 and manifest_digest(a) == manifest_digest(b)
-        assert all(len(p["member_lengths"]) == 8 for p in a)
-    long_tail = PILOTS["long-tail"].manifest(shape, scale)
-    for i, p in enumerate(long_tail):
-        assert p["member_lengths"][i % 8] == 16384
-        assert sorted(p["member_lengths"]) == [1024] * 7 + [16384]
-    assert all(p["member_lengths"] == [4096] * 8 for p in PILOTS["equal"].manifest(shape, scale))
-    between = PILOTS["group-between"].manifest(shape, scale)
-    assert all(len(set(p["member_lengths"])) == 1 for p in between)
-    assert len({p["member_lengths"][0] for p in between}) == 4  # 1,024 .. 8,192
-    mixed = PILOTS["mixed-tail"].manifest(shape, scale)
-    assert all(256 <= n <= 16384 for p in mixed for n in p["member_lengths"])
-    assert sum(len(set(p["member_lengths"])) > 1 for p in mixed) > 100  # members differ
-
-
-def test_scale_shrinks_lengths_and_keeps_episode_time_proportional():
-    scale = Scale(time=0.1, tokens=0.125)
-    assert scale.length(16384) == 2048 and scale.length(1) == 1
-    # an episode's duration = tokens x step: both scaled, the product by `time`
-    assert scale.length(1024) * scale.step_factor == pytest.approx(1024 * 0.1)
-    ab, ba = [{"id": "a"}, {"id": "b"}], [{"id": "b"}, {"id": "a"}]
-    assert manifest_digest(ab) == manifest_digest(ba)
 
 
 # -- measures ---------------------------------------------------------------------------

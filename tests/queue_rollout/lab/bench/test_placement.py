@@ -8,11 +8,11 @@ import json
 import pytest
 
 from queue_rollout.lab.bench.pilot import open_bench
-from queue_rollout.lab.bench.placement import LONG_PROMPT, run_long_prompt
-from queue_rollout.lab.bench.profiles import PILOTS
+from queue_rollout.lab.bench.placement import run_long_prompt
 from queue_rollout.lab.bench.report import placement_markdown, placement_text
 from queue_rollout.lab.virtual.ideal import ideal_schedule
 from queue_rollout.lab.virtual.shape import Scale, Shape
+from queue_rollout.lab.workloads.pilots import LONG_PROMPT, PILOTS
 from queue_rollout.ledger.connection import connect
 
 SMALL = Shape(prompts=8, group_size=4, batch_size=2, replicas=2, slots_per_replica=4,

@@ -8,11 +8,10 @@ import pytest
 
 from queue_rollout.lab.bench.redis_load import (
     RedisLoadResult,
-    Sample,
-    Window,
     redis_load_text,
     run_redis_load_bench,
 )
+from queue_rollout.lab.redis_info import Sample, Window
 
 
 def window(seconds: float, cpu_s: float, **calls: int) -> Window:

@@ -1,66 +1,19 @@
-"""The seed's workload pilots: the thinking-length distribution, the profiles' shapes,
-a small multi-turn pilot with rolling consumption through the real stack (audited per
-call), and the calibration block."""
+"""The seed's workload pilots: a small multi-turn pilot with rolling consumption through
+the real stack (audited per call), the calibration block, and the sensitivity runs."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 
 import pytest
 
 from queue_rollout.engines.sglang import episode_seed, turn_rid
-from queue_rollout.lab.bench.agentic import AgenticParams, agentic_manifest
 from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot
-from queue_rollout.lab.bench.profiles import Profile
-from queue_rollout.lab.bench.seed_pilots import (
-    BOBA_PARAMS,
-    SEED_PILOTS,
-    calibration_achieved,
-    swe_profile,
-)
-from queue_rollout.lab.bench.thinking import cap_share, thinking_lengths
+from queue_rollout.lab.bench.seed_pilots import calibration_achieved
 from queue_rollout.lab.virtual.shape import Scale, Shape
-
-
-def test_thinking_lengths_have_the_seed_mean_a_mass_at_the_cap_and_differ():
-    lengths = thinking_lengths(128, 8, BOBA_PARAMS)
-    assert lengths == thinking_lengths(128, 8, BOBA_PARAMS)
-    members = [n for ms in lengths.values() for n in ms]
-    assert 10_000 < statistics.mean(members) < 11_500  # the seed: 10,729
-    assert max(members) == BOBA_PARAMS.cap and 0.05 < cap_share(lengths, BOBA_PARAMS.cap) < 0.4
-    assert min(members) >= BOBA_PARAMS.min_tokens
-    assert sum(len(set(ms)) > 1 for ms in lengths.values()) > 0.9 * 128  # members differ
-
-
-def test_the_seed_profiles_carry_their_shape_scale_seed_and_calibration():
-    swe, boba, b8 = (SEED_PILOTS[n]() for n in ("swe-agentic", "boba-math", "boba-math-b8"))
-    assert swe.shape and swe.shape.prompts == 192 and swe.shape.stop_after == 10
-    assert swe.shape.train_batches == 0 and swe.shape.slots == 128
-    assert boba.shape and boba.shape.batch_size == 16 and boba.shape.train_batches == 6
-    assert b8.shape and b8.shape.batch_size == 8 and b8.shape.slots == 128
-    assert boba.lengths and b8.lengths and boba.lengths(128, 8) == b8.lengths(128, 8)
-    for p in (swe, boba, b8):
-        assert p.seed and "group" in p.seed and p.calibration and p.calibration["fitted"]
-    # B8 runs the lengths fitted at B16, with no targets of its own to be judged on
-    assert b8.calibration["fitted"] == boba.calibration["fitted"]
-    assert "targets" not in b8.calibration and b8.calibration["fitted_on"] == "boba-math"
-    assert boba.calibration["targets"]["mean_rollout_interval_s"] == 105.2
-    assert set(swe.calibration["fitted"]) == {"tool_median_s", "gen_median", "turns_sigma",
-                                              "difficulty_sigma"}
-    # the manifest at a scale: prompt ids of its own per group, turns scaled
-    assert swe.scale is not None
-    prompts = swe.manifest(swe.shape, swe.scale)
-    assert len(prompts) == 192 and len(prompts[0]["input_ids"]) == 256
-    assert prompts[0]["input_ids"][0] != prompts[1]["input_ids"][0]
-    raw = swe.turns(192, 8)["swe-0000"][0] if swe.turns else None
-    first = prompts[0]["member_turns"][0]
-    turns = first["turns"] if isinstance(first, dict) else first
-    raw_turns = raw["turns"] if isinstance(raw, dict) else raw
-    assert turns[0]["gen"] == swe.scale.length(raw_turns[0]["gen"])
-    assert turns[0]["tool_s"] == pytest.approx(raw_turns[0]["tool_s"] * swe.scale.time)
-
+from queue_rollout.lab.workloads.agentic import AgenticParams, agentic_manifest
+from queue_rollout.lab.workloads.seed import swe_profile
 
 # -- a small multi-turn pilot through the real stack -------------------------------------
 
@@ -159,14 +112,10 @@ def test_a_mode_run_without_pauses_counts_groups_per_hour_first_to_last_batch():
     assert run.median_batch_interval == pytest.approx(15.0)
 
 
-def test_a_profile_without_episodes_is_refused():
-    with pytest.raises(ValueError, match="profile none: neither lengths nor turns"):
-        Profile("none", "no episodes").manifest(Shape(), Scale())
-
-
 @pytest.mark.bench
 def test_sensitivity_changes_one_choice_at_a_time_in_the_ideal_schedule(redis_server, tmp_path):
-    from queue_rollout.lab.bench.seed_pilots import BOBA_SCALE, sensitivity
+    from queue_rollout.lab.bench.seed_pilots import sensitivity
+    from queue_rollout.lab.workloads.seed import BOBA_SCALE
 
     lines: list[str] = []
     rows = sensitivity("boba-math-b8", redis_server.url, BOBA_SCALE, 2, tmp_path, lines.append)

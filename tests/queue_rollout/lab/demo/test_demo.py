@@ -9,7 +9,8 @@ import pytest
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.lab.demo.virtual import run_demo
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm, long_tail_lengths
+from queue_rollout.lab.virtual.farm import SimFarm
+from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 

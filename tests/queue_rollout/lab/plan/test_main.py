@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from queue_rollout.cli.main import main
-from queue_rollout.lab.bench.main import BenchArgs, pilot_profile, pilot_setting
+from queue_rollout.lab.bench.main import BenchArgs, pilot_setting
 from queue_rollout.lab.bench.pilot import Bench
 from queue_rollout.lab.plan.main import PlanArgs, run, workload
 from queue_rollout.lab.virtual.ideal import ideal_json
+from queue_rollout.lab.workloads.registry import pilot_profile
 
 
 def rows(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:

@@ -8,7 +8,8 @@ import pytest
 from queue_rollout.config import RolloutConfig
 from queue_rollout.lab.sim.model import PauseMode
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm, SimReport, long_tail_lengths
+from queue_rollout.lab.virtual.farm import SimFarm, SimReport
+from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.ledger.core import Ledger
 
 GROUPS, G = 16, 4

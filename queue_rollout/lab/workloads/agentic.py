@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from queue_rollout.lab.bench.profiles import normal, unit
+from queue_rollout.lab.workloads.profile import normal, unit
 
 
 @dataclass(frozen=True)

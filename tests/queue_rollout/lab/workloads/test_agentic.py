@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from queue_rollout.lab.bench.agentic import AgenticParams, agentic_manifest
+from queue_rollout.lab.workloads.agentic import AgenticParams, agentic_manifest
 from queue_rollout.workers.workflows import check_member_turns
 
 P = AgenticParams()

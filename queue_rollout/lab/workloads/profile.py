@@ -1,17 +1,10 @@
-"""The pilot profiles, the reference shape, and the scale they run at.
+"""A pilot profile: a prompt manifest, per prompt the G members' output lengths in
+tokens (``member_lengths``, which the ``controlled_length`` workflow produces exactly)
+or their turns (``member_turns``, the ``controlled_turns`` workflow's); the
+deterministic draws the manifests are made of; and a manifest's digest.
 
-Every profile is a prompt manifest: per prompt, the G members' output lengths in
-tokens (``member_lengths``, which the ``controlled_length`` workflow produces exactly).
 Lengths are deterministic functions of the prompt id, so both admission modes, and
 every run, see the same manifest.
-
-- ``long-tail``: per group seven 1,024-token episodes and one 16,384-token one, its
-  position rotating by prompt (the reference's controlled profile).
-- ``equal``: eight 4,096-token episodes (the reference's control).
-- ``group-between``: groups differ, members within a group are equal: 1,024 x 2^k
-  tokens, k in 0..3 by a hash of the prompt id.
-- ``mixed-tail``: both: a group median of 1,024 x 2^k (k in 0..2 by the prompt id),
-  each member log-normal around it (sigma 0.8), clipped to 256..16,384.
 """
 
 from __future__ import annotations
@@ -23,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from queue_rollout.lab.virtual.farm import long_tail_lengths
 from queue_rollout.lab.virtual.shape import Scale, Shape
 
 
@@ -37,32 +29,6 @@ def normal(*parts: object) -> float:
     """A deterministic standard normal draw from *parts* (Box-Muller)."""
     u1, u2 = unit("u1", *parts), unit("u2", *parts)
     return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-
-
-def _equal(prompts: int, g: int) -> dict[str, list[int]]:
-    return {f"eq-{i:04d}": [4096] * g for i in range(prompts)}
-
-
-def _group_between(prompts: int, g: int) -> dict[str, list[int]]:
-    out = {}
-    for i in range(prompts):
-        pid = f"gb-{i:04d}"
-        out[pid] = [1024 * 2 ** int(unit("gb", pid) * 4)] * g
-    return out
-
-
-def _mixed_tail(prompts: int, g: int) -> dict[str, list[int]]:
-    out = {}
-    for i in range(prompts):
-        pid = f"mt-{i:04d}"
-        median = 1024 * 2 ** int(unit("mt", pid) * 3)
-        lengths = []
-        for m in range(g):
-            u1, u2 = unit("mt1", pid, m), unit("mt2", pid, m)
-            z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-            lengths.append(min(16384, max(256, round(median * math.exp(0.8 * z)))))
-        out[pid] = lengths
-    return out
 
 
 @dataclass(frozen=True)
@@ -115,17 +81,6 @@ def _scale_member(member: Any, scale: Scale) -> Any:
             scaled["tool_tokens"] = scale.length(turn["tool_tokens"])
         out.append(scaled)
     return out
-
-
-PILOTS: dict[str, Profile] = {p.name: p for p in (
-    Profile("long-tail", "per group 7 x 1,024 + 1 x 16,384 tokens, the long one rotating",
-            lengths=long_tail_lengths),
-    Profile("equal", "8 x 4,096 tokens per group", lengths=_equal),
-    Profile("group-between", "groups differ (1,024 to 8,192 tokens), members equal",
-            lengths=_group_between),
-    Profile("mixed-tail", "group medians 1,024 to 4,096 tokens, members log-normal "
-            "around them (256 to 16,384)", lengths=_mixed_tail),
-)}
 
 
 def manifest_digest(prompts: list[dict[str, Any]]) -> str:

@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from queue_rollout.lab.bench.profiles import normal
+from queue_rollout.lab.workloads.profile import normal
 
 
 @dataclass(frozen=True)

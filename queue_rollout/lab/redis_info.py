@@ -1,0 +1,72 @@
+"""Redis's own counters, read from the server: ``INFO commandstats`` (calls and time
+by command, commands run inside scripts included; ``INFO`` itself left out), ``INFO
+cpu`` and ``INFO clients``; one reading, and what happened between two. The
+redis-load bench measures the farm with them, the bench's pilots and the planner a
+run's ledger."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of Redis's own counters."""
+
+    at: float
+    calls: dict[str, int]  # command -> calls (INFO commandstats), INFO itself left out
+    cpu_s: float  # used_cpu_sys + used_cpu_user
+    clients: int  # connected_clients
+    usec: dict[str, int]  # command -> microseconds spent in it (INFO commandstats)
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def read(client: redis.Redis) -> Sample:
+    """One reading of *client*'s counters."""
+    stats = client.info("commandstats")
+    cpu = client.info("cpu")
+    clients = client.info("clients")
+    ours = {name.removeprefix("cmdstat_"): v for name, v in stats.items()
+            if name != "cmdstat_info"}
+    return Sample(time.monotonic(), {k: int(v["calls"]) for k, v in ours.items()},
+                  float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+                  int(clients["connected_clients"]),
+                  {k: int(v["usec"]) for k, v in ours.items()})
+
+
+@dataclass(frozen=True)
+class Window:
+    """What happened between two samples."""
+
+    seconds: float
+    calls: dict[str, int]
+    cpu_s: float
+    usec: dict[str, int] = field(default_factory=dict)  # in commands (a script's: EVALSHA)
+
+    @classmethod
+    def between(cls, a: Sample, b: Sample) -> Window:
+        calls = {k: b.calls.get(k, 0) - a.calls.get(k, 0) for k in b.calls}
+        usec = {k: b.usec.get(k, 0) - a.usec.get(k, 0) for k in b.usec}
+        return cls(b.at - a.at, {k: v for k, v in calls.items() if v}, b.cpu_s - a.cpu_s,
+                   {k: v for k, v in usec.items() if v})
+
+    @property
+    def calls_per_s(self) -> float:
+        return sum(self.calls.values()) / self.seconds
+
+    @property
+    def core_pct(self) -> float:
+        return 100.0 * self.cpu_s / self.seconds
+
+    def per_s_above(self, ref: Window) -> dict[str, float]:
+        """Calls per second by command above *ref*'s rate of the same command, most
+        first."""
+        above = {k: v / self.seconds - ref.calls.get(k, 0) / ref.seconds
+                 for k, v in self.calls.items()}
+        return dict(sorted(above.items(), key=lambda kv: -kv[1]))
