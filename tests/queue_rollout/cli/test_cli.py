@@ -288,7 +288,7 @@ def test_every_command_refuses_an_unknown_workflow_at_once(tmp_path, argv):
 
 
 def test_bench_without_a_profile_lists_them_and_runs_nothing(capsys):
-    from queue_rollout.cli.main import BENCH_PROFILES
+    from queue_rollout.lab.bench.cli import BENCH_PROFILES
 
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
