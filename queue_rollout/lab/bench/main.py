@@ -11,14 +11,19 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from queue_rollout.config import Placement
+from queue_rollout.lab.bench.calibration import calibration_text, run_calibration
+from queue_rollout.lab.bench.control_plane import run_control_plane_bench, side_runs
 from queue_rollout.lab.bench.kv_pressure import run_kv_pressure
+from queue_rollout.lab.bench.ledger import run_ledger_bench
 from queue_rollout.lab.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
 from queue_rollout.lab.bench.placement import run_long_prompt
+from queue_rollout.lab.bench.report import kv_text, pilot_text, placement_text, write_report
 from queue_rollout.lab.bench.seed_pilots import calibration_achieved, refit, sensitivity
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import KV_PRESSURE, LONG_PROMPT, PILOTS
@@ -30,6 +35,14 @@ from queue_rollout.progress import log_to_file
 
 #: Every profile ``--profile all`` runs, in order.
 ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS, *MULTI_RUN)
+
+#: The pilots of several runs each, by name: what runs them and what prints the result.
+MULTI_RUN_BENCHES: dict[str, tuple[Callable[[Bench, Profile, int],
+                                            tuple[dict[str, Any], dict[str, ModeRun]]],
+                                   Callable[[dict[str, Any]], str]]] = {
+    LONG_PROMPT.name: (run_long_prompt, placement_text),
+    KV_PRESSURE.name: (run_kv_pressure, kv_text),
+}
 
 
 @dataclass(frozen=True)
@@ -80,8 +93,6 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
     out, err = out or sys.stdout, err or sys.stderr
     profiles = ALL if args.profile == "all" else (args.profile,)
     if "control-plane" in profiles:  # refuse --episodes now, not after the other profiles
-        from queue_rollout.lab.bench.control_plane import side_runs
-
         side_runs(args.cp_episodes)
     started = time.monotonic()
     live = err.isatty()  # a terminal shows live views; the lines go to the log
@@ -127,17 +138,10 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                     progress(setting_line(shape, scale))
                     bench = open_bench(work / f"pilots-{name}", shape, scale,
                                        redis_server.url, progress, logs=not args.verbose)
-                if profile is LONG_PROMPT:
-                    result, runs[name] = run_long_prompt(bench, profile, shape.max_staleness)
-                    from queue_rollout.lab.bench.report import placement_text
-
-                    emit(result, placement_text(result))
-                    continue
-                if profile is KV_PRESSURE:
-                    result, runs[name] = run_kv_pressure(bench, profile, shape.max_staleness)
-                    from queue_rollout.lab.bench.report import kv_text
-
-                    emit(result, kv_text(result))
+                if name in MULTI_RUN_BENCHES:
+                    run_several, text = MULTI_RUN_BENCHES[name]
+                    result, runs[name] = run_several(bench, profile, shape.max_staleness)
+                    emit(result, text(result))
                     continue
                 result, runs[name] = run_pilot(bench, profile, shape.max_staleness,
                                                args.placement)
@@ -150,15 +154,11 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                     result["sensitivity"] = sensitivity(name, redis_server.url, scale,
                                                         shape.max_staleness,
                                                         work / "sensitivity", progress)
-                from queue_rollout.lab.bench.report import pilot_text
-
                 emit(result, pilot_text(result))
         finally:
             if bench is not None:
                 bench.stop()
         if "control-plane" in profiles:
-            from queue_rollout.lab.bench.control_plane import run_control_plane_bench
-
             cp = run_control_plane_bench(redis_server.url, workers=args.cp_workers,
                                          episodes=args.cp_episodes, progress=progress)
             emit(cp.as_json(), f"bench control-plane: {cp.workers} workers "
@@ -167,13 +167,9 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
                  f"  plain RQ jobs/s   {cp.plain_rq_jobs_per_s:10.1f}\n"
                  f"  ratio             {cp.ratio:10.3f}")
         if "calibration" in profiles:
-            from queue_rollout.lab.bench.calibration import calibration_text, run_calibration
-
             cal = run_calibration(redis_server.url, work / "calibration", progress)
             emit(cal, calibration_text(cal))
     if "ledger" in profiles:
-        from queue_rollout.lab.bench.ledger import run_ledger_bench
-
         progress(f"ledger: {args.ledger_clients} clients, {args.ledger_seconds:g} s per kind")
         lb = run_ledger_bench(clients=args.ledger_clients, seconds=args.ledger_seconds,
                               rounds=args.ledger_rounds, wait_replicas=args.wait_replicas,
@@ -188,8 +184,6 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
              f"  ratio                               {lb.ratio:12.2f}\n"
              f"  Redis time per call (us, one client): {costs}")
     if args.out is not None:
-        from queue_rollout.lab.bench.report import write_report
-
         path = write_report(args.out, results, runs, sweeps, args.command)
         progress(f"report written to {path}")
     progress(f"bench done in {time.monotonic() - started:.0f}s")
