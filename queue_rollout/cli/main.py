@@ -37,8 +37,10 @@ def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.ledger.connection import connect_config
     from queue_rollout.ledger.doctor import examine, repair
     from queue_rollout.ledger.keys import Keys
+    from queue_rollout.ledger.shape import check_schema
 
     client = connect_config(config)
+    check_schema(client, config)  # another schema's records are not this doctor's to judge
     keys = Keys(config.farm.name)
     b = config.rollout.batch_size
     report = repair(client, keys, b) if args.repair else examine(client, keys, b)

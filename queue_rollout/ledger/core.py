@@ -255,7 +255,7 @@ class Ledger:
         found cached are added to ``prefill:computed`` and ``prefill:cached``, its
         *turns* (requests to the replica) to ``turns``; each of its *tool_seconds* is
         an observation of the tool-wait histogram. *shape*: the member's shape
-        (:func:`~queue_rollout.ledger.shapes.member_shape`); a group whose members all
+        (:func:`~queue_rollout.ledger.group_shapes.member_shape`); a group whose members all
         left one joins the farm's shape history when it completes."""
         k = self.keys
         return self._answer(
@@ -428,6 +428,11 @@ class Ledger:
         return _s(reply[0]) == "leader", _s(reply[1])
 
     # -- reading -----------------------------------------------------------------------
+
+    def leases_held(self) -> int:
+        """Attempts holding a lease: running, tool waits included (one ZCARD)."""
+        with translate_errors(self._url):
+            return int(self.client.zcard(self.keys.leases))
 
     def doubtful(self) -> list[tuple[str, float]]:
         """Every doubtful attempt id and since when, oldest first."""

@@ -27,7 +27,13 @@ unpickled. Every step a job goes through is here:
   ended under a worker that died.
 
 ``start.lua`` lets one claim of an attempt win, so a job that exists twice (a relay
-and a reconciler racing, a leader change) runs the attempt once.
+and a reconciler racing, a leader change, or ``move.lua`` moving an attempt whose entry
+still waits in the outbox, which the relay then also pushes to the worker's queue it
+names) runs the attempt once; the copy that loses is counted as ignored.
+
+A relay of a release before the entries named their queue reads ``aid@...`` as an
+attempt id it does not know and drops it: in a rolling upgrade the collectors go
+first, then the nodes (whose ``retry`` calls write the new entries).
 """
 
 from __future__ import annotations

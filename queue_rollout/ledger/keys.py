@@ -82,7 +82,8 @@ class Keys:
 
     @property
     def outbox(self) -> str:
-        """List of attempt ids whose RQ job is still to be enqueued."""
+        """List of attempts whose RQ job is still to be enqueued, as ``aid@worker`` (its
+        worker's queue) or ``aid@`` (the shared one); see :mod:`.jobs`."""
         return self._k("outbox")
 
     @property

@@ -10,9 +10,10 @@ of the shape; a farm recorded before a setting joined the shape holds its defaul
 
 The record also holds the schema of the ledger: the layout of the farm's keys and
 records in Redis that this release reads and writes. A process of another schema
-refuses to start (exit 2) and says to drain the farm first. A record without one was
-written before the schema was recorded, by a release with this layout: a process that
-matches the rest of it adds the schema in place.
+refuses to start (exit 2) and says to drain the farm first (``doctor`` checks it too).
+A record without one was written before the schema was recorded, by a release this one
+reads as it is (its outbox's plain attempt ids included): a process that matches the
+rest of it adds the schema in place.
 """
 
 from __future__ import annotations
@@ -47,6 +48,26 @@ SCHEMA = 1
 _SCHEMA_BEFORE = 1
 
 
+def check_schema(client: redis.Redis, config: Config) -> None:
+    """Raise SchemaMismatch if the farm's ledger is in another schema than this
+    release's; writes nothing (a farm with no record yet passes)."""
+    with translate_errors(client_url(client)):
+        raw = client.get(Keys(config.farm.name).shape)
+    if raw is not None:
+        _same_schema(config.farm.name, json.loads(raw))
+
+
+def _same_schema(farm_name: str, farm: dict[str, object]) -> None:
+    schema = farm.get("schema", _SCHEMA_BEFORE)
+    if schema != SCHEMA:
+        raise SchemaMismatch(
+            f"farm {farm_name!r} keeps its ledger in schema {schema} (recorded by "
+            f"{farm.get('by', '?')}); this queue-rollout reads and writes schema {SCHEMA}. "
+            "Drain the farm first with the release that runs it (every group delivered "
+            "and acknowledged: `queue-rollout status`), then start this release under "
+            "another farm.name")
+
+
 def check_shape(client: redis.Redis, config: Config) -> None:
     """Record the farm's shape if none is recorded yet; else raise ConfigError if
     *config* disagrees with it."""
@@ -61,14 +82,7 @@ def check_shape(client: redis.Redis, config: Config) -> None:
     if raw is None:  # deleted in between (a farm being cleared): nothing to hold to
         return
     farm = json.loads(raw)
-    schema = farm.get("schema", _SCHEMA_BEFORE)
-    if schema != SCHEMA:
-        raise SchemaMismatch(
-            f"farm {config.farm.name!r} keeps its ledger in schema {schema} (recorded by "
-            f"{farm.get('by', '?')}); this queue-rollout reads and writes schema {SCHEMA}. "
-            "Drain the farm first with the release that runs it (every group delivered "
-            "and acknowledged: `queue-rollout status`), then start this release under "
-            "another farm.name")
+    _same_schema(config.farm.name, farm)
     theirs = {**_RECORDED_BEFORE, **farm.get("shape", {})}
     diffs = [f"{k} = {json.dumps(v)} here, {json.dumps(theirs.get(k))} in the farm"
              for k, v in mine.items() if theirs.get(k) != v]

@@ -20,14 +20,9 @@ import dataclasses
 import uuid
 from typing import Any
 
-from queue_rollout.lab.bench.pilot import (
-    Bench,
-    ModeRun,
-    changes,
-    mode_json,
-    run_audited,
-    shape_json,
-)
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import Bench, run_audited
+from queue_rollout.lab.bench.results import changes, mode_json, shape_json
 from queue_rollout.lab.sim.model import recomputed_tokens
 from queue_rollout.lab.virtual.farm import SimReport
 from queue_rollout.lab.virtual.ideal import ideal_schedule

@@ -21,7 +21,8 @@ from queue_rollout.lab.bench.calibration import calibration_text, run_calibratio
 from queue_rollout.lab.bench.control_plane import run_control_plane_bench, side_runs
 from queue_rollout.lab.bench.kv_pressure import run_kv_pressure
 from queue_rollout.lab.bench.ledger import run_ledger_bench
-from queue_rollout.lab.bench.pilot import Bench, ModeRun, open_bench, run_pilot, window_sweep
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import Bench, open_bench, run_pilot, window_sweep
 from queue_rollout.lab.bench.placement import run_long_prompt
 from queue_rollout.lab.bench.report import kv_text, pilot_text, placement_text, write_report
 from queue_rollout.lab.bench.seed_pilots import calibration_achieved, refit, sensitivity

@@ -17,14 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_rollout.lab.bench.pilot import (
-    Bench,
-    ModeRun,
-    changes,
-    mode_json,
-    run_audited,
-    shape_json,
-)
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import Bench, run_audited
+from queue_rollout.lab.bench.results import changes, mode_json, shape_json
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.profile import Profile
 

@@ -47,8 +47,11 @@ from queue_rollout.config import Config
 from queue_rollout.engines.concurrency import metric_totals
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
+from queue_rollout.lab.bench.audit import audit
 from queue_rollout.lab.bench.fit import least_squares
-from queue_rollout.lab.bench.pilot import Bench, ModeRun, audit, mode_json, shape_json
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import Bench
+from queue_rollout.lab.bench.results import mode_json, shape_json
 from queue_rollout.lab.virtual.ideal import ideal_json, ideal_schedule
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import long_tail_lengths

@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from queue_rollout.lab.bench.pilot import ModeRun
+from queue_rollout.lab.bench.measures import ModeRun
 from queue_rollout.lab.bench.seed_pilots import SENSITIVE
 from queue_rollout.lab.plots import pyplot
 

@@ -13,8 +13,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from queue_rollout.lab.bench.audit import manifest_turns
 from queue_rollout.lab.bench.fit import Fit, fit
-from queue_rollout.lab.bench.pilot import Bench, ModeRun, changes, manifest_turns
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import Bench
+from queue_rollout.lab.bench.results import changes
 from queue_rollout.lab.virtual.farm import SimReport
 from queue_rollout.lab.virtual.figures import schedule_figures
 from queue_rollout.lab.virtual.shape import Scale, Shape

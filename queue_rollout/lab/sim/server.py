@@ -1,6 +1,6 @@
 """A simulated replica speaking SGLang's native HTTP API.
 
-``queue-rollout sim-engine --port P`` serves :class:`~.sim_model.SimModel` in real time
+``queue-rollout sim-engine --port P`` serves :class:`~.model.SimModel` in real time
 over the endpoints the worker uses, answering as SGLang >= 0.5.10 answers (see
 ``SGLANG_API.md``): ``/generate`` (``rid``, ``sampling_params`` with SGLang's keys only,
 ``return_logprob``), ``/abort_request`` (always 200), ``/pause_generation`` (``abort``,

@@ -66,13 +66,13 @@ local function replica_load(r, worker, by)
   redis.call('ZADD', r.free, 'XX', 'INCR', -by, worker)
 end
 
--- A placed attempt leaves its replica's queue (started, or moved to the shared one).
 -- The outbox entry of a queued attempt: its id and the worker whose RQ queue its job
 -- goes to ('aid@worker'), or the shared queue ('aid@'); the relay needs nothing else.
 local function outbox_entry(aid, a)
   return aid .. '@' .. (a.p or '')
 end
 
+-- A placed attempt leaves its replica's queue (started, or moved to the shared one).
 local function unplace(r, aid, a)
   if a.p then
     replica_load(r, a.p, -1)

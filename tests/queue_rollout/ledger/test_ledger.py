@@ -429,3 +429,13 @@ def test_script_errors_write_nothing(make_ledger, r):
     assert r.lrange(k.pending, 0, -1) == [b"p1"]
     assert ledger.judge("p0", accept=True).status == "accepted"
     assert ledger.counters()["in_flight"] == 0
+
+
+def test_leases_held_counts_the_attempts_running(make_ledger):
+    ledger = make_ledger(group_size=2, max_concurrent_samples=4)
+    ledger.submit(trivial_prompts(1))
+    g = admit_groups(ledger, 1)[0]
+    assert ledger.leases_held() == 0
+    run_member(ledger, g, 0)  # started and finished: its lease is gone
+    assert ledger.start(g.attempt_ids[1], "w", "r0", "boot0", 30).status == "started"
+    assert ledger.leases_held() == 1

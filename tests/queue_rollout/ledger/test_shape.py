@@ -129,6 +129,9 @@ def test_a_ledger_of_another_schema_is_refused_and_changes_nothing(r, redis_url,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"this queue-rollout reads and writes schema {SCHEMA}" in done.stderr
+    doctor = subprocess.run([cli_exe(), "doctor", "--repair", "-c", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert doctor.returncode == 2 and "Drain the farm first" in doctor.stderr, doctor.stderr
     assert redis_snapshot() == before
 
 
@@ -144,3 +147,14 @@ def test_a_record_without_a_schema_gains_this_one_in_place(r, redis_url):
     assert json.loads(r.get(Keys("s").shape)) == old
     Ledger.from_config(r, decode_config(farm_toml(redis_url)))
     assert json.loads(r.get(Keys("s").shape)) == {**old, "schema": SCHEMA}
+
+
+def test_a_record_that_changed_meanwhile_is_not_rewritten(r, redis_url):
+    """The schema is added only to the record as it was read: a record changed since
+    (a farm cleared and started again) is whoever changed it's."""
+    from queue_rollout.ledger.shape import _add_schema
+
+    key = Keys("s").shape
+    r.set(key, json.dumps({"shape": {"rollout.group_size": 2}}))
+    _add_schema(r, key, b'{"shape": {"rollout.group_size": 4}}', {"schema": SCHEMA})
+    assert json.loads(r.get(key)) == {"shape": {"rollout.group_size": 2}}

@@ -10,7 +10,9 @@ import pytest
 
 from queue_rollout.engines.sglang import episode_seed
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot, window_sweep
+from queue_rollout.lab.bench.audit import audit
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import open_bench, run_pilot, window_sweep
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import PILOTS
 

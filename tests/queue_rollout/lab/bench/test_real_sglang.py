@@ -7,7 +7,8 @@ import pytest
 from real_engine.server import STAND_IN, STAND_IN_LOG_ENV, model
 
 from queue_rollout.engines.concurrency import metric_totals
-from queue_rollout.lab.bench.pilot import ModeRun, audit
+from queue_rollout.lab.bench.audit import audit
+from queue_rollout.lab.bench.measures import ModeRun
 from queue_rollout.lab.bench.real_sglang import (
     _DECODE,
     calibrate,

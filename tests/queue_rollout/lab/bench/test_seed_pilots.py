@@ -9,7 +9,9 @@ import json
 import pytest
 
 from queue_rollout.engines.sglang import episode_seed, turn_rid
-from queue_rollout.lab.bench.pilot import ModeRun, audit, open_bench, run_pilot
+from queue_rollout.lab.bench.audit import audit
+from queue_rollout.lab.bench.measures import ModeRun
+from queue_rollout.lab.bench.pilot import open_bench, run_pilot
 from queue_rollout.lab.bench.seed_pilots import calibration_achieved
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.agentic import AgenticParams, agentic_manifest
