@@ -23,6 +23,14 @@ def farm_toml(redis_url: str, extra: str = "", group_size: int = 4) -> str:
             f"[rollout]\ngroup_size = {group_size}\nbatch_size = 2\n{extra}")
 
 
+def start_worker(path: Path) -> subprocess.CompletedProcess[str]:
+    """``queue-rollout worker`` with the config at *path*; no replica listens on its
+    engine URL, so a refusal comes before it would wait for one."""
+    return subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
+                           "http://127.0.0.1:9", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_the_first_process_records_the_shape_and_a_match_passes(r, redis_url):
     config = decode_config(farm_toml(redis_url))
     Ledger.from_config(r, config)
@@ -60,10 +68,7 @@ def test_a_worker_with_another_group_size_is_refused_at_start(r, redis_url, redi
     before = redis_snapshot()
     path = tmp_path / "worker.toml"
     path.write_text(farm_toml(redis_url, group_size=2))
-    # no replica listens on the engine URL: the refusal comes before the worker waits
-    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
-                           "http://127.0.0.1:9", "-c", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = start_worker(path)
     assert done.returncode == 2, done.stderr
     assert "rollout.group_size = 2 here, 4 in the farm" in done.stderr
     assert redis_snapshot() == before  # not registered, nothing written
@@ -88,9 +93,7 @@ def test_a_worker_that_places_otherwise_than_the_farm_is_refused_at_start(
     before = redis_snapshot()
     path = tmp_path / "worker.toml"
     path.write_text(farm_toml(redis_url))
-    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
-                           "http://127.0.0.1:9", "-c", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = start_worker(path)
     assert done.returncode == 2, done.stderr
     assert 'rollout.placement = "any" here, "group" in the farm' in done.stderr
     assert redis_snapshot() == before
@@ -124,9 +127,7 @@ def test_a_ledger_of_another_schema_is_refused_and_changes_nothing(r, redis_url,
     assert "Drain the farm first" in str(err.value)
     path = tmp_path / "worker.toml"
     path.write_text(farm_toml(redis_url))
-    done = subprocess.run([cli_exe(), "worker", "--gpu", "0", "--engine-url",
-                           "http://127.0.0.1:9", "-c", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = start_worker(path)
     assert done.returncode == 2, done.stderr
     assert f"this queue-rollout reads and writes schema {SCHEMA}" in done.stderr
     doctor = subprocess.run([cli_exe(), "doctor", "--repair", "-c", str(path)],
