@@ -20,7 +20,7 @@ import redis
 
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm, SimReport
+from queue_rollout.lab.virtual.farm import EngineModel, SimFarm, SimReport, TrainerSchedule
 from queue_rollout.lab.virtual.ideal import rollout_settings
 from queue_rollout.lab.virtual.shape import Shape
 from queue_rollout.lab.workloads.pilots import LONG_TAIL_LONG, LONG_TAIL_SHORT, long_tail_lengths
@@ -46,12 +46,12 @@ def _run_mode(client: redis.Redis, config: Config, rollout: RolloutConfig, farm:
     clock = ManualClock()
     ledger = Ledger(client, farm, rollout, clock=clock)
     e = config.engine
-    sim = SimFarm(
-        ledger, clock, long_tail_lengths(prompts, rollout.group_size),
-        replicas=e.replicas, slots_per_replica=e.slots_per_replica, step_ms=e.step_ms,
-        step_ms_per_request=e.step_ms_per_request, train_s=TRAIN_S, train_batches=batches,
-        capacity_slots=e.replicas * e.slots_per_replica,
-    )
+    engine = EngineModel(replicas=e.replicas, slots_per_replica=e.slots_per_replica,
+                         step_ms=e.step_ms, step_ms_per_request=e.step_ms_per_request)
+    sim = SimFarm(ledger, clock, long_tail_lengths(prompts, rollout.group_size),
+                  engine=engine,
+                  trainer=TrainerSchedule(train_s=TRAIN_S, train_batches=batches),
+                  capacity_slots=engine.slots)
     with LiveView(label, prompts, "groups") as view:
         sim.on_progress = _progress(view)
         return sim.run()

@@ -5,11 +5,11 @@ scripts on a real Redis, with the ledger's clock set to the simulation's virtual
 time. Replicas are the simulated replica's own model
 (:class:`~queue_rollout.lab.sim.model.SimModel`, the one ``queue-rollout
 sim-engine`` serves in real time), advanced analytically from event to event, so a
-128-slot farm of a thousand long episodes simulates in seconds. The trainer takes each
-ready batch, pauses generation (``pause_mode``, in place by default) for ``train_s``
-(the fixed training interval), raises the policy version, and resumes; after
-``train_batches`` batches the rest is drained (each batch acknowledged and the version
-raised, without a pause).
+128-slot farm of a thousand long episodes simulates in seconds (:class:`EngineModel`).
+The trainer (:class:`TrainerSchedule`) takes each ready batch, pauses generation
+(``pause_mode``, in place by default) for ``train_s`` (the fixed training interval),
+raises the policy version, and resumes; after ``train_batches`` batches the rest is
+drained (each batch acknowledged and the version raised, without a pause).
 
 An episode is one request (``lengths``: its output tokens) or several turns
 (``member_turns``, as the ``controlled_turns`` workflow runs them): each turn's request
@@ -23,7 +23,7 @@ goes to the least loaded replica with a free slot; with ``"group"`` the admissio
 names each attempt's replica (worker ``sim-<j>``) and the attempt waits for that
 replica's worker, as a placed job waits on its replica's queue.
 
-Adaptive concurrency (``adaptive_floor``): every ``adapt_every_s`` each replica's
+Adaptive concurrency (:class:`AdaptiveSlots`): every ``interval_s`` each replica's
 worker looks at its replica as it would at ``/metrics`` (token usage, queued requests,
 retractions) and sets its limit with the worker's own controller
 (:class:`~queue_rollout.engines.concurrency.SlotLimit`); a worker starts an episode
@@ -65,6 +65,62 @@ _EPS = 1e-9
 
 #: One turn of an episode: (output tokens, tool seconds after it, tool output tokens).
 Turn = tuple[int, float, int]
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """The simulated replicas: how many, and the engine model each one runs
+    (:class:`~queue_rollout.lab.sim.model.SimModel`, settings as ``engine.*``)."""
+
+    replicas: int
+    #: running requests each replica takes, and episodes its worker runs at most
+    #: (generating or waiting on a tool)
+    slots_per_replica: int
+    step_ms: float  # a decode step's base time
+    step_ms_per_request: float  # added per running request
+    step_us_per_context_token: float = 0.0  # added per token of the running requests' context
+    prefill_tokens_per_s: float = 20_000.0
+    chunked_prefill_size: int = 8192
+    max_total_tokens: int = 220_000  # the KV pool
+
+    @property
+    def slots(self) -> int:
+        return self.replicas * self.slots_per_replica
+
+    def model(self, now: float) -> SimModel:
+        """One replica's engine model, its clock at *now*."""
+        return SimModel(slots=self.slots_per_replica, step_ms=self.step_ms,
+                        step_ms_per_request=self.step_ms_per_request,
+                        step_us_per_context_token=self.step_us_per_context_token, now=now,
+                        prefill_tokens_per_s=self.prefill_tokens_per_s,
+                        chunked_prefill_size=self.chunked_prefill_size,
+                        max_total_tokens=self.max_total_tokens)
+
+
+@dataclass(frozen=True)
+class TrainerSchedule:
+    """The trainer's schedule: which ready batches it trains on, for how long, and how
+    its pauses stop generation."""
+
+    train_s: float  # the fixed training pause after each of the first batches
+    #: batches trained on, each with a pause; the rest are drained (each consumed at
+    #: once, the version raised)
+    train_batches: int
+    #: end the run once this many batches are ready (rolling consumption with
+    #: ``train_batches = 0``), instead of when every group is done
+    stop_after: int | None = None
+    #: how a pause stops generation (``engine.pause_mode``): with ``abort`` each aborted
+    #: episode is sent again after the pause, prompt + output so far, as the worker does
+    pause_mode: PauseMode = "in_place"
+
+
+@dataclass(frozen=True)
+class AdaptiveSlots:
+    """Adaptive concurrency: each worker's limit follows its replica's KV room, between
+    ``floor`` and the replica's slots; the limits' sum is the ledger's capacity."""
+
+    floor: int  # the lowest limit a worker may set
+    interval_s: float = 1.0  # how often each worker looks at its replica
 
 
 @dataclass
@@ -129,34 +185,22 @@ class SimFarm:
     def __init__(
         self, ledger: Ledger, clock: ManualClock, lengths: dict[str, list[int]] | None = None,
         *, member_turns: dict[str, list[list[Turn]]] | None = None,
-        replicas: int, slots_per_replica: int, step_ms: float, step_ms_per_request: float,
-        step_us_per_context_token: float = 0.0, train_s: float, train_batches: int,
-        capacity_slots: int | None = None,
         prompt_tokens: dict[str, int] | None = None,
-        prefill_tokens_per_s: float = 20_000.0, chunked_prefill_size: int = 8192,
-        max_total_tokens: int = 220_000, pause_mode: PauseMode = "in_place",
-        on_progress: Callable[[SimFarm], None] | None = None,
-        stop_after: int | None = None,
-        adaptive_floor: int | None = None, adapt_every_s: float = 1.0,
+        engine: EngineModel, trainer: TrainerSchedule,
+        capacity_slots: int | None = None, adaptive: AdaptiveSlots | None = None,
         ignore_eos: bool = False,
+        on_progress: Callable[[SimFarm], None] | None = None,
     ) -> None:
         """The episodes: *lengths* (each member one request of that many output tokens)
         or *member_turns* (each member's turns). *prompt_tokens*: each group's prompt
-        length (default 1 token); the prefill and
-        KV settings are the engine model's (``engine.*``); *pause_mode* is how the
-        trainer's pauses stop generation (``engine.pause_mode``: with ``abort`` each
-        aborted episode is sent again after the pause, prompt + output so far, as the
-        worker does). *stop_after*: end the run once that many batches are ready
-        (rolling consumption with ``train_batches = 0``: every batch consumed at once,
-        the version raised), instead of when every group is done. *adaptive_floor*:
-        each worker's limit follows its replica's KV room, looked at every
-        *adapt_every_s*, between that floor and *slots_per_replica* (None: fixed
-        slots); *capacity_slots* is then ignored, the limits' sum being the capacity.
-        *ignore_eos*: the requests are sent with ``ignore_eos`` (as the
-        ``controlled_length`` workflow sends them to a real replica), so each one's
-        whole output is reserved when admitting others; else they are episodes that
-        could end early (the engine's decaying estimate)."""
-        self.pause_mode = pause_mode
+        length (default 1 token). *capacity_slots*: the live workers' slots the ledger
+        is told at each admission (what ``"auto"`` capacity becomes); with *adaptive*
+        concurrency (None: fixed slots) the workers' limits' sum instead. *ignore_eos*:
+        the requests are sent with ``ignore_eos`` (as the ``controlled_length`` workflow
+        sends them to a real replica), so each one's whole output is reserved when
+        admitting others; else they are episodes that could end early (the engine's
+        decaying estimate)."""
+        self.engine, self.trainer, self.adaptive = engine, trainer, adaptive
         self.ignore_eos = ignore_eos
         self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
         if (lengths is None) == (member_turns is None):
@@ -165,14 +209,8 @@ class SimFarm:
             gid: [[(n, 0.0, 0)] for n in members] for gid, members in (lengths or {}).items()}
         self.ledger, self.clock = ledger, clock
         self.prompt_tokens = prompt_tokens or {}
-        self.replicas = [SimModel(slots=slots_per_replica, step_ms=step_ms,
-                                  step_ms_per_request=step_ms_per_request,
-                                  step_us_per_context_token=step_us_per_context_token,
-                                  now=clock.now,
-                                  prefill_tokens_per_s=prefill_tokens_per_s,
-                                  chunked_prefill_size=chunked_prefill_size,
-                                  max_total_tokens=max_total_tokens)
-                         for _ in range(replicas)]
+        replicas, slots_per_replica = engine.replicas, engine.slots_per_replica
+        self.replicas = [engine.model(clock.now) for _ in range(replicas)]
         self._placed: dict[str, _Placed] = {}  # attempt id -> its episode, on a replica
         self._completed: list[str] = []  # attempt ids whose turn's request completed
         self._tools: list[tuple[float, str]] = []  # (tool ends, attempt id), a heap
@@ -186,9 +224,8 @@ class SimFarm:
         #: each worker's limit (adaptive concurrency; else its slots) and controller
         self.limits = [slots_per_replica] * replicas
         self._limit_sum = replicas * slots_per_replica
-        self._controllers = ([SlotLimit(slots_per_replica, adaptive_floor)
-                              for _ in range(replicas)] if adaptive_floor is not None else [])
-        self.adapt_every_s = adapt_every_s
+        self._controllers = ([SlotLimit(slots_per_replica, adaptive.floor)
+                              for _ in range(replicas)] if adaptive is not None else [])
         self._next_look = math.inf
         self._limit_area = 0.0
         self.limit_changes = 0
@@ -196,12 +233,9 @@ class SimFarm:
                                                    for j in range(replicas)]
         self._running = 0  # requests running on every replica
         self._busy = 0  # replicas with a prefill or decode running
-        self.slots_per_replica = slots_per_replica
-        self.slots = replicas * slots_per_replica
+        self.slots = engine.slots
         self.capacity_slots = capacity_slots
-        self.train_s, self.train_batches = train_s, train_batches
         self.on_progress = on_progress
-        self.stop_after = stop_after
         self.waiting: deque[str] = deque()  # admitted attempts not yet on a replica
         #: placement: attempts the ledger placed on replica j, waiting for its worker
         self.waiting_on: list[deque[str]] = [deque() for _ in range(replicas)]
@@ -230,12 +264,13 @@ class SimFarm:
     def run(self) -> SimReport:
         ledger = self.ledger
         self._t0 = self.clock.now
-        if self._controllers:
-            self._next_look = self.clock.now + self.adapt_every_s
+        if self.adaptive is not None:
+            self._next_look = self.clock.now + self.adaptive.interval_s
         ledger.submit((gid, b"{}") for gid in self.turns)
         last_complete = self.clock.now
+        stop_after = self.trainer.stop_after
         while self.done_groups < len(self.turns) and (
-                self.stop_after is None or len(self.ready_times) < self.stop_after):
+                stop_after is None or len(self.ready_times) < stop_after):
             self._admit_and_place()
             tool = min(self._tools[0][0] if self._tools else math.inf, self._next_look)
             if self._training_until is not None:
@@ -447,7 +482,8 @@ class SimFarm:
         """Adaptive concurrency: each worker looks at its replica and sets its limit;
         a changed limit may let the ledger admit (``"auto"`` capacity) or a worker
         start a waiting episode."""
-        self._next_look = self.clock.now + self.adapt_every_s
+        assert self.adaptive is not None
+        self._next_look = self.clock.now + self.adaptive.interval_s
         changed: dict[str, int] = {}
         for j, replica in enumerate(self.replicas):
             self._touch(j, lambda replica: None)
@@ -496,12 +532,12 @@ class SimFarm:
         self._deliverable = False
         while (delivery := self.ledger.pop_batch("trainer")) is not None:
             self.ready_times.append(self.clock.now)
-            if len(self.ready_times) <= self.train_batches:
+            if len(self.ready_times) <= self.trainer.train_batches:
                 self._held = delivery.batch.id
-                self._training_until = self.clock.now + self.train_s
+                self._training_until = self.clock.now + self.trainer.train_s
                 self.ledger.set_paused(True)
                 for j in range(len(self.replicas)):
-                    self._touch(j, lambda replica: replica.pause(self.pause_mode))
+                    self._touch(j, lambda replica: replica.pause(self.trainer.pause_mode))
                 self._deliverable = True  # another batch may be ready after the pause
                 return
             # the drain: consumed without a pause, the version still raised (the budget grows)

@@ -14,7 +14,14 @@ import redis
 from queue_rollout.config import EngineConfig, PauseMode, RolloutConfig
 from queue_rollout.lab.sim.server import text_tokens
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm, SimReport, Turn
+from queue_rollout.lab.virtual.farm import (
+    AdaptiveSlots,
+    EngineModel,
+    SimFarm,
+    SimReport,
+    TrainerSchedule,
+    Turn,
+)
 from queue_rollout.lab.virtual.figures import num, schedule_figures
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.ledger.core import Ledger
@@ -32,6 +39,18 @@ def kv_settings(shape: Shape, scale: Scale) -> dict[str, Any]:
     return {"prefill_tokens_per_s": shape.prefill_tokens_per_s / scale.step_factor,
             "chunked_prefill_size": scale.length(shape.chunked_prefill_size),
             "max_total_tokens": scale.length(shape.max_total_tokens)}
+
+
+def engine_model(shape: Shape, scale: Scale) -> EngineModel:
+    """*shape*'s replicas at *scale*: the decode step scaled by the step factor, the
+    per-context-token cost by it per token, the prefill and KV settings as
+    :func:`kv_settings`."""
+    s, f = shape, scale.step_factor
+    return EngineModel(
+        replicas=s.replicas, slots_per_replica=s.slots_per_replica,
+        step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
+        step_us_per_context_token=s.step_us_per_context_token * f / scale.tokens,
+        **kv_settings(shape, scale))
 
 
 def rollout_settings(shape: Shape, mode: str, max_staleness: int,
@@ -57,7 +76,7 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
     name *farm* (a new one) and the engine model, in virtual time, with zero
     control-plane overhead. The bench's pilots and ``queue-rollout plan`` both run it.
     *ignore_eos*: as :class:`SimFarm` takes it."""
-    s, f = shape, scale.step_factor
+    s = shape
     clock = ManualClock()
     rollout = msgspec.convert(
         rollout_settings(shape, mode, max_staleness, placement, adaptive), RolloutConfig)
@@ -69,15 +88,15 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
         {"lengths": {p["id"]: p["member_lengths"] for p in prompts}})
     return SimFarm(
         ledger, clock, **episodes,
-        replicas=s.replicas, slots_per_replica=s.slots_per_replica,
-        step_ms=s.step_ms * f, step_ms_per_request=s.step_ms_per_request * f,
-        step_us_per_context_token=s.step_us_per_context_token * f / scale.tokens,
-        train_s=s.train_s * scale.time, train_batches=s.train_batches,
-        capacity_slots=s.slots, **kv_settings(shape, scale), pause_mode=pause_mode,
         prompt_tokens={p["id"]: prompt_length(p) for p in prompts},
-        stop_after=s.stop_after, on_progress=on_progress,
-        adaptive_floor=s.min_slots_per_replica if adaptive else None,
-        adapt_every_s=adaptive_interval_s(scale), ignore_eos=ignore_eos,
+        engine=engine_model(shape, scale),
+        trainer=TrainerSchedule(train_s=s.train_s * scale.time,
+                                train_batches=s.train_batches, stop_after=s.stop_after,
+                                pause_mode=pause_mode),
+        capacity_slots=s.slots,
+        adaptive=(AdaptiveSlots(s.min_slots_per_replica, adaptive_interval_s(scale))
+                  if adaptive else None),
+        ignore_eos=ignore_eos, on_progress=on_progress,
     ).run()
 
 

@@ -9,7 +9,7 @@ import pytest
 from queue_rollout.config import Config, RolloutConfig
 from queue_rollout.lab.demo.virtual import run_demo
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm
+from queue_rollout.lab.virtual.farm import EngineModel, SimFarm, TrainerSchedule
 from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
@@ -18,9 +18,11 @@ from queue_rollout.ledger.doctor import examine
 def simulate(r, farm: str, rollout: RolloutConfig, prompts: int, batches: int = 6):
     clock = ManualClock()
     ledger = Ledger(r, farm, rollout, clock=clock)
-    sim = SimFarm(ledger, clock, long_tail_lengths(prompts, rollout.group_size), replicas=8,
-                  slots_per_replica=16, step_ms=4.5, step_ms_per_request=0.2, train_s=10.0,
-                  train_batches=batches, capacity_slots=128)
+    sim = SimFarm(ledger, clock, long_tail_lengths(prompts, rollout.group_size),
+                  engine=EngineModel(replicas=8, slots_per_replica=16, step_ms=4.5,
+                                     step_ms_per_request=0.2),
+                  trainer=TrainerSchedule(train_s=10.0, train_batches=batches),
+                  capacity_slots=128)
     return ledger, sim.run()
 
 

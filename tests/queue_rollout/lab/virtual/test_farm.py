@@ -8,7 +8,13 @@ import pytest
 from queue_rollout.config import RolloutConfig
 from queue_rollout.lab.sim.model import PauseMode
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.lab.virtual.farm import SimFarm, SimReport
+from queue_rollout.lab.virtual.farm import (
+    AdaptiveSlots,
+    EngineModel,
+    SimFarm,
+    SimReport,
+    TrainerSchedule,
+)
 from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.ledger.core import Ledger
 
@@ -20,10 +26,12 @@ def simulate(r, farm: str, pause_mode: PauseMode) -> tuple[SimFarm, SimReport]:
     rollout = RolloutConfig(group_size=G, batch_size=2, max_concurrent_samples=8)
     ledger = Ledger(r, farm, rollout, clock=clock)
     sim = SimFarm(ledger, clock, long_tail_lengths(GROUPS, G, short=200, long=2000),
-                  replicas=2, slots_per_replica=4, step_ms=1.0, step_ms_per_request=0.0,
-                  train_s=1.0, train_batches=4, capacity_slots=8, pause_mode=pause_mode,
                   prompt_tokens={f"lt-{i:04d}": 300 for i in range(GROUPS)},
-                  prefill_tokens_per_s=10_000.0)
+                  engine=EngineModel(replicas=2, slots_per_replica=4, step_ms=1.0,
+                                     step_ms_per_request=0.0, prefill_tokens_per_s=10_000.0),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=4,
+                                          pause_mode=pause_mode),
+                  capacity_slots=8)
     return sim, sim.run()
 
 
@@ -65,10 +73,11 @@ def test_a_multi_turn_episode_holds_its_slot_through_tool_waits_and_reuses_its_c
     ledger = Ledger(r, "turns", RolloutConfig(group_size=1, batch_size=1,
                                               max_concurrent_samples=1), clock=clock)
     turns = [(100, 2.0, 50), (200, 1.0, 30), (50, 0.0, 0)]
-    sim = SimFarm(ledger, clock, member_turns={"agent": [turns]}, replicas=1,
-                  slots_per_replica=1, step_ms=4.5, step_ms_per_request=0.2, train_s=1.0,
-                  train_batches=0, prompt_tokens={"agent": 1000},
-                  prefill_tokens_per_s=20_000.0)
+    sim = SimFarm(ledger, clock, member_turns={"agent": [turns]},
+                  prompt_tokens={"agent": 1000},
+                  engine=EngineModel(replicas=1, slots_per_replica=1, step_ms=4.5,
+                                     step_ms_per_request=0.2, prefill_tokens_per_s=20_000.0),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=0))
     report = sim.run()
     step, prefill = (4.5 + 0.2) / 1000, (1000 + 50 + 30) / 20_000
     expected = prefill + 350 * step + 3.0
@@ -90,9 +99,10 @@ def test_a_second_episode_waits_for_the_slot_a_tool_wait_holds(r):
     ledger = Ledger(r, "turns2", RolloutConfig(group_size=2, batch_size=1,
                                                max_concurrent_samples=2), clock=clock)
     busy = [(10, 5.0, 1), (10, 0.0, 0)]
-    sim = SimFarm(ledger, clock, member_turns={"g": [busy, busy]}, replicas=1,
-                  slots_per_replica=1, step_ms=1.0, step_ms_per_request=0.0, train_s=1.0,
-                  train_batches=0, prefill_tokens_per_s=1e9)
+    sim = SimFarm(ledger, clock, member_turns={"g": [busy, busy]},
+                  engine=EngineModel(replicas=1, slots_per_replica=1, step_ms=1.0,
+                                     step_ms_per_request=0.0, prefill_tokens_per_s=1e9),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=0))
     report = sim.run()
     assert report.all_work_s == pytest.approx(2 * (5.0 + 20 * 0.001), abs=1e-6)
 
@@ -103,9 +113,10 @@ def test_rolling_consumption_stops_when_the_asked_batch_is_ready(r):
                                                 max_concurrent_samples=4, max_staleness=1),
                     clock=clock)
     lengths = {f"r{i}": [100 * (1 + i % 3), 100] for i in range(12)}
-    sim = SimFarm(ledger, clock, lengths, replicas=1, slots_per_replica=4, step_ms=1.0,
-                  step_ms_per_request=0.0, train_s=1.0, train_batches=0, stop_after=3,
-                  prefill_tokens_per_s=1e9)
+    sim = SimFarm(ledger, clock, lengths,
+                  engine=EngineModel(replicas=1, slots_per_replica=4, step_ms=1.0,
+                                     step_ms_per_request=0.0, prefill_tokens_per_s=1e9),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=0, stop_after=3))
     report = sim.run()
     assert report.batches == 3 and ledger.version() == 3  # each consumed as it came
     assert sorted(report.ready_times) == report.ready_times and not report.pause_ends
@@ -124,10 +135,12 @@ def adaptive_run(r, farm: str, *, pool: int, floor: int | None,
                             max_staleness=100, placement=placement)  # type: ignore[arg-type]
     ledger = Ledger(r, farm, rollout, clock=clock)
     lengths = {f"a{i:02d}": [2000 if i % 2 else 100] * G for i in range(8)}
-    sim = SimFarm(ledger, clock, lengths, replicas=2, slots_per_replica=4, step_ms=1.0,
-                  step_ms_per_request=0.0, train_s=1.0, train_batches=0, capacity_slots=8,
-                  prefill_tokens_per_s=1e6, chunked_prefill_size=1024,
-                  max_total_tokens=pool, adaptive_floor=floor, adapt_every_s=0.05)
+    sim = SimFarm(ledger, clock, lengths,
+                  engine=EngineModel(replicas=2, slots_per_replica=4, step_ms=1.0,
+                                     step_ms_per_request=0.0, prefill_tokens_per_s=1e6,
+                                     chunked_prefill_size=1024, max_total_tokens=pool),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=0), capacity_slots=8,
+                  adaptive=AdaptiveSlots(floor, interval_s=0.05) if floor is not None else None)
     limits: list[list[int]] = []
     sim.on_progress = lambda s: limits.append(list(s.limits))
     report = sim.run()
