@@ -103,6 +103,18 @@ def write_up_farm(path: Path, name: str, state: Path, *, rollout: str, slots: in
     return path
 
 
+def grpo_sim_farm(tmp_path: Path, name: str, *, group_size: int, batch_size: int) -> Path:
+    """The farm a framework trainer's test runs GRPO on: 2 simulated replicas of 3 slots,
+    sample refill within one version of staleness, the examples' ``KeyAnswer`` workflow
+    (``examples/`` must be on the workers' and the test's path)."""
+    return write_up_farm(tmp_path / "farm.toml", name, tmp_path / "state", slots=3,
+                         metrics_port=free_port(),
+                         rollout=f"group_size = {group_size}\nbatch_size = {batch_size}\n"
+                                 "max_concurrent_samples = 6\nmax_staleness = 1",
+                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
+                         step_ms_per_request=1.0)
+
+
 @contextlib.contextmanager
 def farm_up(toml: Path, *args: str) -> Iterator[str]:
     """`queue-rollout up` (with *args*) in the background, yielding the line it

@@ -16,8 +16,7 @@ from real_engine.server import AREAL_PYTHON_ENV, AREAL_VERSION, CACHE, find_area
 
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
-from queue_rollout.ledger.embedded import free_port
-from testkit import farm_up, write_up_farm
+from testkit import farm_up, grpo_sim_farm
 
 ROOT = Path(__file__).resolve().parents[3]
 G, B = 4, 2
@@ -164,12 +163,7 @@ def test_engine_driven_in_areal_trainer_order_on_simulated_replicas(
     next set_version."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
-    toml = write_up_farm(tmp_path / "farm.toml", "areal", tmp_path / "state", slots=3,
-                         metrics_port=free_port(),
-                         rollout=f"group_size = {G}\nbatch_size = {B}\n"
-                                 "max_concurrent_samples = 6\nmax_staleness = 1",
-                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
-                         step_ms_per_request=1.0)
+    toml = grpo_sim_farm(tmp_path, "areal", group_size=G, batch_size=B)
     weights = model(areal_python, 0, vocab=32_128)  # its tokenizer; nothing is trained
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'examples'}{os.pathsep}{ROOT}"}
     with farm_up(toml) as line:

@@ -18,8 +18,7 @@ from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
 from queue_rollout.errors import BadInput
 from queue_rollout.integrations.trl import FarmRollout
-from queue_rollout.ledger.embedded import free_port
-from testkit import farm_up, write_up_farm
+from testkit import farm_up, grpo_sim_farm
 
 ROOT = Path(__file__).resolve().parents[3]
 G, B = 4, 2
@@ -90,12 +89,7 @@ def test_grpo_trainer_runs_on_a_farm_of_simulated_replicas(tmp_path, monkeypatch
     python = trl_python()
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' workflow
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # and the config check here
-    toml = write_up_farm(tmp_path / "farm.toml", "trl", tmp_path / "state", slots=3,
-                         metrics_port=free_port(),
-                         rollout=f"group_size = {G}\nbatch_size = {B}\n"
-                                 "max_concurrent_samples = 6\nmax_staleness = 1",
-                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
-                         step_ms_per_request=1.0)
+    toml = grpo_sim_farm(tmp_path, "trl", group_size=G, batch_size=B)
     weights = model(python, 0, vocab=32_128)  # takes the simulated replica's token ids
     with farm_up(toml) as line:
         assert "2 workers" in line
