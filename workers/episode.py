@@ -48,6 +48,7 @@ from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.core import Answer, Ledger, Renewal
 from queue_rollout.ledger.group_shapes import member_shape
 from queue_rollout.results import EpisodeResult, add_tokens, encode_result
+from queue_rollout.turns import Request
 from queue_rollout.workers.workflows import EpisodeContext, EpisodeFailed, Workflow
 
 log = logging.getLogger(__name__)
@@ -286,17 +287,17 @@ class AttemptRunner:
                   text: str | None, params: dict[str, Any]
                   ) -> tuple[Generation, list[tuple[int, int]]]:
         """One workflow call, resumed across pause-aborts (partial rollout)."""
-        base = turn_rid(live.aid, turn)
+        context: list[int] | str = input_ids if input_ids is not None else (text or "")
+        budget = int(params.get("max_new_tokens", 128))
+        request: Request[Any] = Request(turn_rid(live.aid, turn), context, budget)
         ids: list[int] = []
         logprobs: list[float] = []
         texts: list[str] = []
         runs: list[tuple[int, int]] = []
-        budget = int(params.get("max_new_tokens", 128))
-        piece = prompt_tokens = cached_tokens = 0
+        prompt_tokens = cached_tokens = 0
         while True:
-            rid = base if piece == 0 else f"{base}-r{piece}"
-            if rid != live.rid or live.tool:  # the ledger knows it before it is sent
-                live.rid, live.tool = rid, False
+            if request.rid != live.rid or live.tool:  # the ledger knows it before it is sent
+                live.rid, live.tool = request.rid, False
                 self.lease.record(live)
             if self._stopping(live):
                 raise AttemptStopped
@@ -304,15 +305,12 @@ class AttemptRunner:
                 version, live.version = live.version, None
             else:
                 version = self.ledger.version()
-            call_params = {**params, "max_new_tokens": budget - len(ids)}
-            if input_ids is not None:
-                gen = self.client.generate(live.rid, input_ids=input_ids + ids,
-                                           sampling_params=call_params,
-                                           timeout=self.config.timeouts.request)
-            else:
-                gen = self.client.generate(live.rid, text=(text or "") + "".join(texts),
-                                           sampling_params=call_params,
-                                           timeout=self.config.timeouts.request)
+            sent = request.context
+            gen = self.client.generate(
+                request.rid, input_ids=sent if isinstance(sent, list) else None,
+                text=sent if isinstance(sent, str) else None,
+                sampling_params={**params, "max_new_tokens": request.max_new_tokens},
+                timeout=self.config.timeouts.request)
             ids += gen.output_ids
             logprobs += gen.logprobs
             texts.append(gen.text)
@@ -332,9 +330,11 @@ class AttemptRunner:
             # aborted by a pause in "abort" mode: resume after it under the new version
             log.info("attempt %s: aborted by a pause after %d tokens; resuming", live.aid, len(ids))
             self._wait_unpaused(live)
-            piece += 1
-        merged = Generation(rid=base, text="".join(texts), output_ids=ids, logprobs=logprobs,
-                            finish_reason=finish, completion_tokens=len(ids),
+            request = request.resumed(
+                gen.output_ids if isinstance(request.context, list) else gen.text,
+                len(gen.output_ids))
+        merged = Generation(rid=request.base, text="".join(texts), output_ids=ids,
+                            logprobs=logprobs, finish_reason=finish, completion_tokens=len(ids),
                             prompt_tokens=prompt_tokens, weight_version=gen.weight_version,
                             meta_info=gen.meta_info, cached_tokens=cached_tokens)
         return merged, runs

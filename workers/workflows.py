@@ -45,6 +45,7 @@ from queue_rollout.engines.synthetic import token_ids
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens
 from queue_rollout.transcript import Transcript
+from queue_rollout.turns import ModelCall, Turn, member_turns, steps
 
 #: One model call as the worker makes it: (turn, input ids, text, sampling params) ->
 #: the generation and the policy versions of its tokens as (version, count) runs.
@@ -213,9 +214,11 @@ TOOL_TEXT = " ok."
 
 
 class ControlledTurns:
-    """Member m runs the turns of ``member_turns[m]`` (see :func:`member_spec`): each
-    generates exactly ``gen`` tokens (``ignore_eos``) from the whole context so far,
-    then holds the slot ``tool_s`` seconds and appends ``tool_tokens`` of tool output.
+    """Member m runs the turns of ``member_turns[m]`` (see :func:`member_spec`), step by
+    step as :func:`queue_rollout.turns.steps` lays them out (the virtual farm's episodes
+    are the same steps): each generates exactly ``gen`` tokens (``ignore_eos``) from the
+    whole context so far, then ``tool_tokens`` of tool output join the context and the
+    tool holds the slot ``tool_s`` seconds.
     A member marked ``harness_error`` runs its turns and finishes with reward 0 and
     finish reason ``harness_error``; otherwise its ``reward`` (default none)."""
 
@@ -229,16 +232,15 @@ class ControlledTurns:
     def run(self, ctx: EpisodeContext) -> float | None:
         turns, harness_error, reward = member_spec(ctx.prompt, ctx.member)
         ids = "input_ids" in ctx.prompt
-        for turn in turns:
-            want = int(turn["gen"])
-            gen = ctx.generate(max_new_tokens=want, ignore_eos=True)
-            if len(gen.output_ids) != want:
-                raise EpisodeFailed(f"turn {ctx.turns}: produced {len(gen.output_ids)} "
-                                    f"tokens, expected {want}")
-            tool_tokens = int(turn.get("tool_tokens", 0))
-            ctx.tool(float(turn.get("tool_s", 0)),
-                     tool_output(ctx.seed, ctx.turns, tool_tokens) if ids
-                     else TOOL_TEXT * tool_tokens)
+        for step in steps(turns):  # the virtual farm schedules the same steps
+            if isinstance(step, ModelCall):
+                gen = ctx.generate(max_new_tokens=step.tokens, ignore_eos=True)
+                if len(gen.output_ids) != step.tokens:
+                    raise EpisodeFailed(f"turn {ctx.turns}: produced {len(gen.output_ids)} "
+                                        f"tokens, expected {step.tokens}")
+            else:
+                ctx.tool(step.seconds, tool_output(ctx.seed, ctx.turns, step.tokens) if ids
+                         else TOOL_TEXT * step.tokens)
         if harness_error:
             ctx.finish_reason = "harness_error"
             return 0.0
@@ -291,7 +293,7 @@ def check_member_turns(value: Any, *, group_size: int, max_turns: int) -> str | 
 
 
 def member_spec(prompt: dict[str, Any], member: int
-                ) -> tuple[list[dict[str, Any]], bool, float | None]:
+                ) -> tuple[list[Turn], bool, float | None]:
     """Member *member*'s (turns, harness_error, reward) from ``member_turns``: an entry
     is a list of turns, or ``{"turns": [...], "harness_error": bool, "reward": x}``."""
     entries = prompt.get("member_turns")
@@ -299,9 +301,9 @@ def member_spec(prompt: dict[str, Any], member: int
         raise EpisodeFailed(f"prompt {prompt.get('id')!r} has no member_turns[{member}]")
     entry = entries[member]
     if isinstance(entry, list):
-        return entry, False, None
+        return member_turns(entry), False, None
     reward = entry.get("reward")
-    return entry["turns"], bool(entry.get("harness_error", False)), (
+    return member_turns(entry), bool(entry.get("harness_error", False)), (
         None if reward is None else float(reward))
 
 

@@ -7,14 +7,14 @@ from typing import Any
 
 from queue_rollout.engines.sglang import episode_seed, turn_rid
 from queue_rollout.lab.bench.measures import ModeRun
-from queue_rollout.lab.virtual.ideal import sim_turns
 from queue_rollout.lab.workloads.profile import manifest_digest
+from queue_rollout.turns import member_turns
 
 
 def manifest_turns(prompt: dict[str, Any]) -> list[list[int]]:
     """Each member's output tokens per model call, as the manifest asks."""
     if "member_turns" in prompt:
-        return [[t[0] for t in sim_turns(m)] for m in prompt["member_turns"]]
+        return [[t.gen for t in member_turns(m)] for m in prompt["member_turns"]]
     return [[n] for n in prompt["member_lengths"]]
 
 
@@ -50,10 +50,10 @@ def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool 
             elif run.delivered_turns.get(gid) != turns:
                 problems.append(f"{tag}: group {gid} members' calls produced "
                                 f"{run.delivered_turns.get(gid)}, expected {turns}")
-            for member, member_turns in enumerate(turns):
-                calls += len(member_turns)
+            for member, calls_of_member in enumerate(turns):
+                calls += len(calls_of_member)
                 if request_logs:
-                    problems += _audit_calls(tag, gid, member, member_turns, by_seed,
+                    problems += _audit_calls(tag, gid, member, calls_of_member, by_seed,
                                              run_seed)
         if request_logs:
             rids = [r["rid"] for r in run.requests]

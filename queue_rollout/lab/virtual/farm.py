@@ -12,11 +12,14 @@ raises the policy version, and resumes; after ``train_batches`` batches the rest
 drained (each batch acknowledged and the version raised, without a pause).
 
 An episode is one request (``lengths``: its output tokens) or several turns
-(``member_turns``, as the ``controlled_turns`` workflow runs them): each turn's request
-carries the whole context so far; between turns the episode holds its worker's slot
-for the turn's tool time while nothing generates, and the tool's output joins the
-context. A replica's worker runs at most ``slots_per_replica`` episodes, generating or
-waiting on a tool; a request sent to a paused replica waits there, as SGLang holds it.
+(``member_turns``), run as the steps the ``controlled_turns`` workflow runs on a worker
+(:func:`queue_rollout.turns.steps`), each step an event here: each turn's request
+carries the whole context so far; after a turn its tool's output joins the context and
+the episode holds its worker's slot for the tool's time while nothing generates. A
+replica's worker runs at most ``slots_per_replica`` episodes, generating or waiting on
+a tool; a request sent to a paused replica waits there, as SGLang holds it. A request
+a pause aborted goes on after the pause as the worker's does
+(:meth:`queue_rollout.turns.Request.resumed`).
 
 Placement follows the ledger: with ``rollout.placement = "any"`` each admitted attempt
 goes to the least loaded replica with a free slot; with ``"group"`` the admission
@@ -35,9 +38,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 from queue_rollout.config import PauseMode
 from queue_rollout.engines.concurrency import KvSignal, SlotLimit
@@ -59,12 +61,9 @@ from queue_rollout.lab.virtual.figures import (
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.group_shapes import member_shape
 from queue_rollout.transcript import Transcript
+from queue_rollout.turns import ModelCall, Request, Step, Turn, steps
 
 _EPS = 1e-9
-
-
-#: One turn of an episode: (output tokens, tool seconds after it, tool output tokens).
-Turn = tuple[int, float, int]
 
 
 @dataclass(frozen=True)
@@ -128,10 +127,12 @@ class _Placed:
     group_id: str
     member: int
     turns: list[Turn]
+    steps: Iterator[Step]  # the steps still to take
     replica: int = 0
-    turn: int = 0  # the turn in flight or the one whose tool runs
     #: its context: ``context`` is what the next turn's request carries
     transcript: Transcript[Tokens] = field(default_factory=lambda: Transcript(Tokens()))
+    call: ModelCall | None = None  # the turn in flight
+    request: Request[Tokens] | None = None  # its request (a piece, after a pause-abort)
 
 
 @dataclass
@@ -202,11 +203,13 @@ class SimFarm:
         decaying estimate)."""
         self.engine, self.trainer, self.adaptive = engine, trainer, adaptive
         self.ignore_eos = ignore_eos
-        self._aborted: list[tuple[int, SimRequest]] = []  # (replica, request) to resume
+        self._aborted: list[tuple[str, SimRequest]] = []  # (attempt, request) to resume
         if (lengths is None) == (member_turns is None):
             raise ValueError("give exactly one of lengths and member_turns")
-        self.turns: dict[str, list[list[Turn]]] = member_turns or {
-            gid: [[(n, 0.0, 0)] for n in members] for gid, members in (lengths or {}).items()}
+        self.turns: dict[str, list[list[Turn]]] = {  # (gen, tool_s, tool_tokens) tuples too
+            gid: [[Turn(*t) for t in member] for member in members]
+            for gid, members in member_turns.items()} if member_turns is not None else {
+            gid: [[Turn(n)] for n in members] for gid, members in (lengths or {}).items()}
         self.ledger, self.clock = ledger, clock
         self.prompt_tokens = prompt_tokens or {}
         replicas, slots_per_replica = engine.replicas, engine.slots_per_replica
@@ -284,7 +287,9 @@ class SimFarm:
             if self._training_until is not None and self.clock.now >= self._training_until - _EPS:
                 self._end_training()
             while self._tools and self._tools[0][0] <= self.clock.now + _EPS:
-                self._next_turn(heapq.heappop(self._tools)[1])
+                aid = heapq.heappop(self._tools)[1]  # its tool is done
+                if self._step(aid) and self._finish(aid):
+                    last_complete = self.clock.now
             if self.clock.now >= self._next_look - _EPS:
                 self._look()
             for aid in finished:
@@ -354,41 +359,43 @@ class SimFarm:
         start = self.ledger.start(aid, _worker(i), _worker(i), "sim-boot", 3600)
         if start.status != "started":
             raise RuntimeError(f"start {aid}: {start.reason}")
-        self._placed[aid] = _Placed(start.group_id, start.member,
-                                    self.turns[start.group_id][start.member], replica=i,
-                                    transcript=Transcript(self._prompt(start.group_id)))
+        turns = self.turns[start.group_id][start.member]
+        self._placed[aid] = _Placed(start.group_id, start.member, turns, steps(turns),
+                                    replica=i, transcript=Transcript(self._prompt(start.group_id)))
         self._episodes_on[i] += 1
-        self._send(aid)
+        self._step(aid)
 
-    def _send(self, aid: str) -> None:
-        """The request of the episode's current turn, with its whole context."""
+    def _step(self, aid: str) -> bool:
+        """The episode's next step: its turn's request sent with the whole context; or
+        its tool's output joins the context and the tool holds the slot (its end is an
+        event); or none left: the episode ended (True)."""
         p = self._placed[aid]
-        rid = turn_rid(aid, p.turn)
-        self._touch(p.replica, lambda replica: replica.submit(SimRequest(
-            rid, seed=0, target=p.turns[p.turn][0], weight_version="", prompt=p.transcript.context,
-            output_ids=_tokens_of(rid), on_done=self._on_done, ignore_eos=self.ignore_eos)))
+        for step in p.steps:
+            if isinstance(step, ModelCall):
+                p.call = step
+                p.request = Request(turn_rid(aid, step.turn), p.transcript.context, step.tokens)
+                self._submit(p.replica, p.request, _tokens_of(p.request.base))
+                return False
+            p.transcript.tool(Tokens.of(_tokens_of(f"{aid}-tool{step.turn}")[:step.tokens]))
+            if step.seconds > 0:
+                heapq.heappush(self._tools, (self.clock.now + step.seconds, aid))
+                return False
+        return True
+
+    def _submit(self, j: int, request: Request[Tokens], output_ids: Sequence[int]) -> None:
+        self._touch(j, lambda replica: replica.submit(SimRequest(
+            request.rid, seed=0, target=request.max_new_tokens, weight_version="",
+            prompt=request.context, output_ids=output_ids, on_done=self._on_done,
+            ignore_eos=self.ignore_eos)))
 
     def _turn_done(self, aid: str) -> bool:
-        """A turn's request completed: the episode ends, or its tool runs (its slot
-        held), or its next turn is sent at once. Whether the episode ended. (The context
-        grows in place: the request that carried it has ended.)"""
+        """A turn's request completed: its output joins the context (in place: the
+        request that carried it has ended), and the episode takes its next step. Whether
+        the episode ended."""
         p = self._placed[aid]
-        gen, tool_s, _ = p.turns[p.turn]
-        p.transcript.output(Tokens.of(_tokens_of(turn_rid(aid, p.turn))[:gen]))
-        if p.turn + 1 == len(p.turns):
-            return True
-        if tool_s > 0:
-            heapq.heappush(self._tools, (self.clock.now + tool_s, aid))
-        else:
-            self._next_turn(aid)
-        return False
-
-    def _next_turn(self, aid: str) -> None:
-        p = self._placed[aid]
-        tool_tokens = p.turns[p.turn][2]
-        p.transcript.tool(Tokens.of(_tokens_of(f"{aid}-tool{p.turn}")[:tool_tokens]))
-        p.turn += 1
-        self._send(aid)
+        assert p.call is not None
+        p.transcript.output(Tokens.of(_tokens_of(turn_rid(aid, p.call.turn))[:p.call.tokens]))
+        return self._step(aid)
 
     def _prompt(self, group_id: str) -> Tokens:
         """A group's prompt: token ids of its own (its members share them)."""
@@ -396,21 +403,21 @@ class SimFarm:
 
     def _on_done(self, request: SimRequest, reason: dict[str, object]) -> None:
         if reason["type"] == "abort":  # by a pause in "abort" mode: resumed after it
-            self._aborted.append((self._placed[_attempt(request.rid)].replica, request))
+            self._aborted.append((_attempt(request.rid), request))
             return
         self._completed.append(_attempt(request.rid))
 
     def _resume_aborted(self) -> None:
-        """Each episode a pause aborted, sent again from prompt + output so far (the
-        worker's partial rollout); its context is in the replica's cache."""
+        """Each request a pause aborted goes on from its context + output so far, with
+        the rest of its budget, as the worker's partial rollout does; that context is
+        in the replica's cache."""
         aborted, self._aborted = self._aborted, []
-        for i, r in aborted:
+        for aid, r in aborted:
+            p = self._placed[aid]
+            assert p.request is not None and r.output_ids is not None
             done = r.tokens
-            again = SimRequest(r.rid, seed=0, target=r.target - done, weight_version="",
-                               prompt=Tokens.of(r.prompt) + r.output(done),
-                               output_ids=_tokens_of(r.rid)[done:], on_done=self._on_done,
-                               ignore_eos=r.ignore_eos)
-            self._touch(i, partial(SimModel.submit, request=again))
+            p.request = p.request.resumed(Tokens.of(r.output(done)), done)
+            self._submit(p.replica, p.request, r.output_ids[done:])
 
     def _advance(self, dt: float) -> list[str]:
         """Move every replica (and the clock) *dt* seconds on; the attempts that
@@ -508,13 +515,13 @@ class SimFarm:
         self._episodes_on[r.replica] -= 1
         self._loaded(r.replica)
         self._admissible = True
-        tokens = sum(t[0] for t in r.turns)
+        tokens = sum(t.gen for t in r.turns)
         contexts = r.transcript.sent
         answer = self.ledger.finish(
             aid, r.member, b"{}", output_tokens=tokens, turns=len(r.turns),
-            tool_seconds=[t[1] for t in r.turns[:-1] if t[1] > 0],
-            shape=member_shape(contexts[0], [t[0] for t in r.turns], [t[1] for t in r.turns],
-                               contexts))
+            tool_seconds=[t.tool_s for t in r.turns if t.tool_s > 0],
+            shape=member_shape(contexts[0], [t.gen for t in r.turns],
+                               [t.tool_s for t in r.turns], contexts))
         if answer.status != "recorded":
             raise RuntimeError(f"finish {aid}: {answer.reason}")
         self.output_tokens += tokens
@@ -565,7 +572,8 @@ def _worker(j: int) -> str:
 
 
 def _attempt(rid: str) -> str:
-    return rid.split("-t", 1)[0]
+    """The attempt of a turn's rid or a resumed piece's (attempt ids hold no "-")."""
+    return rid.split("-", 1)[0]
 
 
 def _tokens_of(name: str) -> range:

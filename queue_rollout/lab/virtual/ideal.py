@@ -20,11 +20,11 @@ from queue_rollout.lab.virtual.farm import (
     SimFarm,
     SimReport,
     TrainerSchedule,
-    Turn,
 )
 from queue_rollout.lab.virtual.figures import num, schedule_figures
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.ledger.core import Ledger
+from queue_rollout.turns import member_turns
 
 
 def adaptive_interval_s(scale: Scale) -> float:
@@ -82,7 +82,7 @@ def ideal_schedule(client: redis.Redis, shape: Shape, scale: Scale,
         rollout_settings(shape, mode, max_staleness, placement, adaptive), RolloutConfig)
     ledger = Ledger(client, farm, rollout, clock=clock)
     episodes: dict[str, Any] = (
-        {"member_turns": {p["id"]: [sim_turns(m) for m in p["member_turns"]]
+        {"member_turns": {p["id"]: [member_turns(m) for m in p["member_turns"]]
                           for p in prompts}}
         if "member_turns" in prompts[0] else
         {"lengths": {p["id"]: p["member_lengths"] for p in prompts}})
@@ -108,13 +108,6 @@ def prompt_length(prompt: dict[str, Any]) -> int:
     if "input_ids" in prompt:
         return len(prompt["input_ids"])
     return len(text_tokens(prompt["prompt"]))
-
-
-def sim_turns(member: Any) -> list[Turn]:
-    """One ``member_turns`` entry as the virtual farm's turns."""
-    turns = member["turns"] if isinstance(member, dict) else member
-    return [(t["gen"], float(t.get("tool_s", 0.0)), int(t.get("tool_tokens", 0)))
-            for t in turns]
 
 
 def ideal_json(ideal: SimReport, shape: Shape, multi_turn: bool) -> dict[str, Any]:

@@ -169,3 +169,44 @@ def test_a_full_pool_lowers_the_limits_and_capacity_with_them(r, placement):
     assert adaptive.groups_accepted == 8 and adaptive.output_tokens == fixed.output_tokens
     if placement == "group":  # the ledger's replicas follow the limits
         assert sim.ledger.replica_slots() == {"sim-0": seen[-1][0], "sim-1": seen[-1][1]}
+
+
+def test_a_tool_after_the_last_turn_holds_the_slot_before_the_episode_ends(r):
+    """As on a worker, whose workflow runs every turn's tool (a test suite after the
+    final answer, say)."""
+    clock = ManualClock()
+    ledger = Ledger(r, "last-tool", RolloutConfig(group_size=1, batch_size=1,
+                                                  max_concurrent_samples=1), clock=clock)
+    sim = SimFarm(ledger, clock, member_turns={"g": [[(10, 3.0, 0)]]},
+                  engine=EngineModel(replicas=1, slots_per_replica=1, step_ms=1.0,
+                                     step_ms_per_request=0.0, prefill_tokens_per_s=1e9),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=0))
+    report = sim.run()
+    assert report.all_work_s == pytest.approx(3.0 + 10 * 0.001, abs=1e-6)
+    assert report.mean_in_flight == pytest.approx(1.0)
+
+
+def test_a_turn_aborted_by_two_pauses_goes_on_as_the_workers_pieces_do(r):
+    """Each piece is ``<turn rid>-rN`` from the context and output so far; the output
+    ids go on where the last piece stopped, so the next turn finds the whole turn in
+    the cache (all but the tool's output)."""
+    clock = ManualClock()
+    ledger = Ledger(r, "twice", RolloutConfig(group_size=1, batch_size=1,
+                                              max_concurrent_samples=3), clock=clock)
+    sim = SimFarm(ledger, clock,
+                  member_turns={"agent": [[(2000, 0.0, 5), (10, 0.0, 0)]],
+                                "a": [[(10, 0.0, 0)]], "b": [[(20, 0.0, 0)]]},
+                  prompt_tokens={"agent": 100},
+                  engine=EngineModel(replicas=1, slots_per_replica=3, step_ms=1.0,
+                                     step_ms_per_request=0.0, prefill_tokens_per_s=1e9),
+                  trainer=TrainerSchedule(train_s=1.0, train_batches=2, pause_mode="abort"),
+                  capacity_slots=3)
+    report = sim.run()
+    assert report.output_tokens == 2040 and report.groups_accepted == 3
+    [replica] = sim.replicas
+    agent = [e for e in replica.log if e["prompt_tokens"] >= 100]
+    aid = agent[0]["rid"]
+    assert [e["rid"] for e in agent] == [aid, f"{aid}-r1", f"{aid}-r2", f"{aid}-t001"]
+    last = agent[-1]
+    assert last["prompt_tokens"] == 100 + 2000 + 5
+    assert last["cached_tokens"] == 100 + 2000
