@@ -232,6 +232,9 @@ def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow)
     assert len(result.output_ids) == 300
     versions = [v for v, _ in result.version_runs]
     assert versions == [0, 1] and 0 < result.version_runs[0][1] < 300
+    # the rest went on as the turn's next piece, under its own rid
+    assert [e["rid"] for e in slow.server.model.log if e["rid"].startswith(aid)] == [
+        aid, f"{aid}-r1"]
 
 
 def test_an_abort_that_comes_with_the_last_token_is_not_resumed(r, fast):
