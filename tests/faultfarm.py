@@ -24,12 +24,11 @@ import os
 import re
 import signal
 import subprocess
-import textwrap
 import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -43,7 +42,7 @@ from queue_rollout.errors import BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import metric_sum, process_tree
+from testkit import metric_sum, process_tree, write_farm
 
 #: SGLang's own request log, one JSON object a request received or finished.
 REQUEST_LOG_ARGS = ["--log-requests", "--log-requests-level", "1",
@@ -303,57 +302,37 @@ def generating_processes(root: int, port: int) -> list[int]:
 # -- the farm ---------------------------------------------------------------------------
 
 
-def mode_line(mode: str, group_size: int, groups_at_once: int) -> str:
+def admission(mode: str, group_size: int, groups_at_once: int) -> dict[str, int]:
     """``[rollout]``'s admission setting: group admission of *groups_at_once* groups, or
     sample refill with that many groups' slots less one member (so groups are admitted
     as members finish)."""
     if mode == "group":
-        return f"max_concurrent_rollouts = {groups_at_once}"
-    return f"max_concurrent_samples = {groups_at_once * group_size - 1}"
+        return {"max_concurrent_rollouts": groups_at_once}
+    return {"max_concurrent_samples": groups_at_once * group_size - 1}
 
 
 def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: str,
               group_size: int = 4, slots: int = 8, groups_at_once: int = 4, lease: int = 3,
               request: int = 600, max_attempts: int = 3, max_failed_members: int = 0,
-              pause_mode: str = "in_place", engine_extra: str = "", batch_size: int = 1,
-              max_staleness: int = 1000, workflow: str = "controlled_length") -> Path:
+              pause_mode: str = "in_place", engine_extra: Mapping[str, Any] | None = None,
+              batch_size: int = 1, max_staleness: int = 1000,
+              workflow: str = "controlled_length") -> Path:
     """A farm config at *path* for SGLang replicas at *urls*: groups of *group_size*,
     batches of *batch_size* groups, leases of *lease* s, state beside it; *engine_extra*
-    adds ``[engine]`` lines (``node``'s model and launch arguments)."""
-    path.write_text(textwrap.dedent(f"""\
-        [farm]
-        name = "{name}"
-        redis_url = "{redis_url}"
-        state_dir = "{path.parent / 'state'}"
-        [rollout]
-        group_size = {group_size}
-        batch_size = {batch_size}
-        {mode_line(mode, group_size, groups_at_once)}
-        max_staleness = {max_staleness}
-        max_attempts = {max_attempts}
-        [timeouts]
-        lease = {lease}
-        doubt = 900
-        request = {request}
-        shutdown_grace = 2
-        leader_lease = 2
-        pause_barrier = 60
-        [acceptance]
-        max_failed_members = {max_failed_members}
-        [workflow]
-        name = "{workflow}"
-        [engine]
-        kind = "sglang"
-        urls = {json.dumps(urls)}
-        slots_per_replica = {slots}
-        threads_per_process = 2
-        pause_mode = "{pause_mode}"
-        deterministic = false
-        {engine_extra}
-        [metrics]
-        port = {free_port()}
-        """))
-    return path
+    adds ``[engine]`` keys (``node``'s model and launch arguments)."""
+    return write_farm(
+        path, farm={"name": name, "redis_url": redis_url, "state_dir": path.parent / "state"},
+        rollout={"group_size": group_size, "batch_size": batch_size,
+                 **admission(mode, group_size, groups_at_once),
+                 "max_staleness": max_staleness, "max_attempts": max_attempts},
+        timeouts={"lease": lease, "doubt": 900, "request": request, "shutdown_grace": 2,
+                  "leader_lease": 2, "pause_barrier": 60},
+        acceptance={"max_failed_members": max_failed_members},
+        workflow={"name": workflow},
+        engine={"kind": "sglang", "urls": urls, "slots_per_replica": slots,
+                "threads_per_process": 2, "pause_mode": pause_mode, "deterministic": False,
+                **(engine_extra or {})},
+        metrics={"port": free_port()})
 
 
 @dataclass

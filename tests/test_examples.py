@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.e2e
 def test_the_trainer_loop_example_trains_pushes_weights_and_raises_versions(tmp_path):
     toml = write_up_farm(tmp_path / "farm.toml", "ex", tmp_path / "state", slots=4,
-                      metrics_port=free_port(),
-                      rollout="group_size = 4\nbatch_size = 2\nmax_concurrent_samples = 8")
+                         metrics_port=free_port(),
+                         rollout={"group_size": 4, "batch_size": 2, "max_concurrent_samples": 8})
     with farm_up(toml) as line:
         assert "2 workers" in line
         proc = subprocess.run(
@@ -57,10 +57,10 @@ def test_the_grpo_example_runs_its_loop_through_a_farm_without_torch(tmp_path, m
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples"))  # the workers' plugin
     toml = write_up_farm(tmp_path / "farm.toml", "grpo", tmp_path / "state", slots=4,
                          metrics_port=free_port(),
-                         rollout="group_size = 4\nbatch_size = 2\nmax_concurrent_samples = 12\n"
-                                 "max_staleness = 1",
-                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
-                         engine='pause_mode = "abort"\n', step_ms_per_request=2.0)
+                         rollout={"group_size": 4, "batch_size": 2,
+                                  "max_concurrent_samples": 12, "max_staleness": 1},
+                         workflow={"name": "grpo_tiny:KeyAnswer"},
+                         engine={"pause_mode": "abort", "step_ms_per_request": 2.0})
     with farm_up(toml) as line:
         assert "2 workers" in line
         proc = subprocess.run(

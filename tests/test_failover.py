@@ -31,10 +31,16 @@ import pytest
 
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.doctor import examine
-from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.procs import Supervised, cli_exe
-from testkit import SentinelSet, free_ports, stop_node_farm, submit_when_two_workers, wait_for
+from testkit import (
+    SentinelSet,
+    stop_node_farm,
+    submit_when_two_workers,
+    wait_for,
+    write_node_farm,
+)
 
 G, B, GROUPS = 4, 4, 64
 LAG_S = 1.0
@@ -55,17 +61,9 @@ def ledger_counters(node: EmbeddedRedis) -> dict[str, int]:
 def run_failover(tmp_path: Path, wait_replicas: int, seed: int = 7) -> dict[str, object]:
     rng = random.Random(seed)
     redis_set = SentinelSet(tmp_path / "redis")
-    toml = tmp_path / "farm.toml"
-    toml.write_text(
-        f'[farm]\nname = "fo"\nredis_url = "{redis_set.url}"\nstate_dir = "{tmp_path}"\n'
-        f"redis_wait_replicas = {wait_replicas}\n"
-        f"[rollout]\ngroup_size = {G}\nbatch_size = {B}\nmax_concurrent_samples = 8\n"
-        "max_staleness = 100000\nmax_attempts = 5\n"
-        f"[engine]\nkind = \"sim\"\nslots_per_replica = 4\nstep_ms = 0.5\n"
-        f"step_ms_per_request = 0\nbase_port = {free_ports(2)}\n"
-        "[timeouts]\nlease = 2\ndoubt = 60\nshutdown_grace = 2\nleader_lease = 2\n"
-        "redis_wait = 0.5\n"
-        f"[metrics]\nport = {free_port()}\n")
+    toml = write_node_farm(tmp_path / "farm.toml", "fo", redis_set.url, group_size=G,
+                           batch_size=B, farm={"redis_wait_replicas": wait_replicas},
+                           timeouts={"redis_wait": 0.5})
     lengths = {f"f{i:03d}": [rng.randint(200, 800) for _ in range(G)] for i in range(GROUPS)}
     with open(tmp_path / "node.log", "wb") as node_log:
         node = subprocess.Popen([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],

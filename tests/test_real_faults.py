@@ -589,8 +589,8 @@ def test_a_replica_killed_under_node_in_both_modes(tmp_path: Path,
     wrapper.write_text(f'#!/bin/sh\nexec "{python}" "$@" 1>&2\n')
     wrapper.chmod(0o755)
     args = [*CPU_ARGS, "--max-total-tokens", "65536", *REQUEST_LOG_ARGS]
-    engine = (f'python = "{wrapper}"\nmodel_path = "{model(python, 0)}"\n'
-              f"base_port = {base}\nsglang_args = {json.dumps(args)}")
+    engine = {"python": wrapper, "model_path": model(python, 0), "base_port": base,
+              "sglang_args": args}
     tomls = {mode: farm_toml(tmp_path / f"farm-{mode}.toml", name="rf-node", redis_url=url,
                              urls=[], mode=mode, engine_extra=engine) for mode in MODES}
     node_toml = tomls["group"]

@@ -52,7 +52,7 @@ def test_every_endpoint_of_a_farm_listens_on_loopback_by_default(tmp_path):
     socket they listen on is 127.0.0.1 (a listener on 0.0.0.0 or :: fails this)."""
     metrics_port = free_port()
     toml = write_up_farm(tmp_path / "farm.toml", "sec", tmp_path / "state",
-                         rollout="group_size = 2\nbatch_size = 1\nmax_concurrent_samples = 4",
+                         rollout={"group_size": 2, "batch_size": 1, "max_concurrent_samples": 4},
                          slots=2, metrics_port=metrics_port)
     up = subprocess.Popen([cli_exe(), "up", "-c", str(toml)], stdout=subprocess.PIPE,
                           text=True)

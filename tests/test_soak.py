@@ -42,11 +42,11 @@ from rq.worker import Worker
 
 from queue_rollout.errors import BarrierTimeout, QueueRolloutError
 from queue_rollout.ledger.doctor import examine
-from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
+from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import Supervised, cli_exe
 from queue_rollout.progress import LiveView
-from testkit import children, free_ports, stop_node_farm, submit_when_two_workers
+from testkit import children, stop_node_farm, submit_when_two_workers, write_node_farm
 
 G = 4
 
@@ -128,14 +128,7 @@ def run_soak(tmp_path: Path, groups: int, seed: int) -> dict:
     rng = random.Random(seed)
     server = EmbeddedRedis(tmp_path / "redis", write_url=False, appendfsync="always")
     url = server.start()
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "soak"\nredis_url = "{url}"\nstate_dir = "{tmp_path}"\n'
-                    f"[rollout]\ngroup_size = {G}\nbatch_size = 4\nmax_concurrent_samples = 8\n"
-                    "max_staleness = 100000\nmax_attempts = 5\n"
-                    f"[engine]\nkind = \"sim\"\nslots_per_replica = 4\nstep_ms = 0.5\n"
-                    f"step_ms_per_request = 0\nbase_port = {free_ports(2)}\n"
-                    "[timeouts]\nlease = 2\ndoubt = 60\nshutdown_grace = 2\nleader_lease = 2\n"
-                    f"[metrics]\nport = {free_port()}\n")
+    toml = write_node_farm(tmp_path / "farm.toml", "soak", url, group_size=G, batch_size=4)
     lengths = {f"s{i:04d}": [rng.randint(50, 600) for _ in range(G)] for i in range(groups)}
     with open(tmp_path / "node.log", "wb") as node_log:  # the child keeps its own copy
         node = subprocess.Popen([cli_exe(), "node", "--gpus", "0-1", "-c", str(toml)],

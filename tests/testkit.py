@@ -1,5 +1,6 @@
-"""Helpers for the tests: waiting, trivial prompts, a small `queue-rollout up` farm in
-the background, free ports, process trees, a Sentinel-watched primary and replica.
+"""Helpers for the tests: waiting, trivial prompts, farm configs (written one way: see
+:func:`write_farm`), a small `queue-rollout up` farm in the background, free ports,
+process trees, a Sentinel-watched primary and replica.
 (The manual clock is the virtual farm's: :class:`queue_rollout.lab.virtual.clock.ManualClock`.)"""
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import msgspec
 import redis
 
 from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.config import Config, write_config
 from queue_rollout.engines.sglang import Generation, SGLangClient
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all
@@ -90,17 +94,78 @@ def trivial_prompts(n: int, prefix: str = "p") -> list[tuple[str, bytes]]:
     return [(f"{prefix}{i}", b'{"prompt": "x"}') for i in range(n)]
 
 
-def write_up_farm(path: Path, name: str, state: Path, *, rollout: str, slots: int,
-                  metrics_port: int, extra: str = "", step_ms_per_request: float = 0.0,
-                  engine: str = "") -> Path:
-    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding;
-    *engine*: more ``[engine]`` lines."""
-    path.write_text(f'[farm]\nname = "{name}"\nstate_dir = "{state}"\n'
-                    f"[rollout]\n{rollout}\n{extra}"
-                    f"[engine]\nreplicas = 2\nslots_per_replica = {slots}\nstep_ms = 0.5\n"
-                    f"step_ms_per_request = {step_ms_per_request}\n{engine}"
-                    f"[metrics]\nport = {metrics_port}\n[timeouts]\nshutdown_grace = 2\n")
+# -- farm configs ------------------------------------------------------------------------
+# One way for a test to write a farm's TOML: its sections as dicts (farm={...},
+# rollout={...}, engine={...}, ...), made a Config (an unknown key or a wrong type is
+# refused here, by Config's own rules) and written by the package's own writer; the keys
+# a test does not give are Config's defaults, written out. The tests of config loading
+# itself (malformed, partial or refused TOML) write their text by hand.
+
+#: The sections of a farm config, each a dict of its keys (``workflow``'s ``sampling`` a
+#: dict in it); a Path value is written as its str.
+Sections = Mapping[str, Mapping[str, Any]]
+
+#: Rollout shapes many tests share: groups of G = 2 members, batches of B = 2 (or 1)
+#: groups, sample refill over 8 slots. Add keys with ``{**G2_B2, "max_staleness": 10}``.
+G2_B2: dict[str, Any] = {"group_size": 2, "batch_size": 2, "max_concurrent_samples": 8}
+G2_B1: dict[str, Any] = {"group_size": 2, "batch_size": 1, "max_concurrent_samples": 8}
+
+
+def _plain(value: object) -> object:
+    """*value* with each Path a str, each mapping a dict, each tuple a list."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def merged(*layers: Sections) -> dict[str, Any]:
+    """The sections of *layers* merged key by key, a later layer's value winning (a table
+    in a section, ``workflow.sampling``, merged the same way)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            old = out.get(key)
+            out[key] = (merged(old, value) if isinstance(old, Mapping)
+                        and isinstance(value, Mapping) else value)
+    return out
+
+
+def farm_config(**sections: Mapping[str, Any]) -> Config:
+    """The Config of *sections* (``farm={"name": "t"}, rollout={"group_size": 2}``, ...),
+    Config's defaults for the rest. Refused (msgspec.ValidationError) as a file would be:
+    an unknown section or key, a wrong type, a value out of range; the checks
+    `decode_config` adds (a plugin that imports, a pool above one chunk) are left to the
+    process that loads the file."""
+    return msgspec.convert(_plain(sections), Config)
+
+
+def write_farm(path: Path, **sections: Mapping[str, Any]) -> Path:
+    """Write the farm config of *sections* (as :func:`farm_config`) at *path*, the
+    package's way (`config.write_config`: every key, readable by its owner only)."""
+    write_config(path, farm_config(**sections))
     return path
+
+
+def rewrite_farm(path: Path, **sections: Mapping[str, Any]) -> Path:
+    """Change the keys *sections* give in the farm config at *path*; keep the rest."""
+    return write_farm(path, **merged(tomllib.loads(path.read_text()), sections))
+
+
+def write_up_farm(path: Path, name: str, state: Path, *, slots: int, metrics_port: int,
+                  rollout: Mapping[str, Any], **sections: Mapping[str, Any]) -> Path:
+    """A farm config for `up`: 2 sim replicas of *slots* slots each, fast decoding (no
+    slowdown per running request), 2 s of shutdown grace; *sections* add or change keys
+    (``engine={"pause_mode": "abort"}``)."""
+    return write_farm(path, **merged(
+        {"farm": {"name": name, "state_dir": state}, "rollout": rollout,
+         "engine": {"replicas": 2, "slots_per_replica": slots, "step_ms": 0.5,
+                    "step_ms_per_request": 0.0},
+         "metrics": {"port": metrics_port}, "timeouts": {"shutdown_grace": 2}},
+        sections))
 
 
 def grpo_sim_farm(tmp_path: Path, name: str, *, group_size: int, batch_size: int) -> Path:
@@ -109,10 +174,28 @@ def grpo_sim_farm(tmp_path: Path, name: str, *, group_size: int, batch_size: int
     (``examples/`` must be on the workers' and the test's path)."""
     return write_up_farm(tmp_path / "farm.toml", name, tmp_path / "state", slots=3,
                          metrics_port=free_port(),
-                         rollout=f"group_size = {group_size}\nbatch_size = {batch_size}\n"
-                                 "max_concurrent_samples = 6\nmax_staleness = 1",
-                         extra='[workflow]\nname = "grpo_tiny:KeyAnswer"\n',
-                         step_ms_per_request=1.0)
+                         rollout={"group_size": group_size, "batch_size": batch_size,
+                                  "max_concurrent_samples": 6, "max_staleness": 1},
+                         workflow={"name": "grpo_tiny:KeyAnswer"},
+                         engine={"step_ms_per_request": 1.0})
+
+
+def write_node_farm(path: Path, name: str, redis_url: str, *, group_size: int,
+                    batch_size: int, **sections: Mapping[str, Any]) -> Path:
+    """A farm for a `node --gpus 0-1` and a collector under injected faults: 2 sim
+    replicas of 4 slots on free ports, fast decoding, sample refill over 8 slots, a
+    staleness budget never reached, 5 attempts an episode, 2 s leases, state beside
+    *path*; *sections* add or change keys."""
+    return write_farm(path, **merged(
+        {"farm": {"name": name, "redis_url": redis_url, "state_dir": path.parent},
+         "rollout": {"group_size": group_size, "batch_size": batch_size,
+                     "max_concurrent_samples": 8, "max_staleness": 100_000,
+                     "max_attempts": 5},
+         "engine": {"kind": "sim", "slots_per_replica": 4, "step_ms": 0.5,
+                    "step_ms_per_request": 0, "base_port": free_ports(2)},
+         "timeouts": {"lease": 2, "doubt": 60, "shutdown_grace": 2, "leader_lease": 2},
+         "metrics": {"port": free_port()}},
+        sections))
 
 
 @contextlib.contextmanager
@@ -335,15 +418,16 @@ class SentinelSet:
 
 
 def write_worker_farm(path: Path, redis_url: str, *, group_size: int, slots: int, lease: int,
-                      extra: str = "") -> Path:
-    """A farm config for :class:`WorkerFarm`: B = 1, room for every group at once."""
-    path.write_text(
-        f'[farm]\nname = "e2e"\nredis_url = "{redis_url}"\n'
-        f"[rollout]\ngroup_size = {group_size}\nbatch_size = 1\n"
-        f"max_concurrent_samples = {max(group_size, 8)}\nmax_staleness = 1000\n"
-        f"[engine]\nslots_per_replica = {slots}\n"
-        f"[timeouts]\nshutdown_grace = 2\nlease = {lease}\n{extra}")
-    return path
+                      **sections: Mapping[str, Any]) -> Path:
+    """A farm config for :class:`WorkerFarm`: B = 1, room for every group at once;
+    *sections* add or change keys."""
+    return write_farm(path, **merged(
+        {"farm": {"name": "e2e", "redis_url": redis_url},
+         "rollout": {"group_size": group_size, "batch_size": 1,
+                     "max_concurrent_samples": max(group_size, 8), "max_staleness": 1000},
+         "engine": {"slots_per_replica": slots},
+         "timeouts": {"shutdown_grace": 2, "lease": lease}},
+        sections))
 
 
 class WorkerFarm:

@@ -32,6 +32,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
+from testkit import G2_B2, write_farm
 
 GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
@@ -374,13 +375,11 @@ class Trainer(threading.Thread):
 @pytest.mark.e2e
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, redis_url):
     metrics_port, prom_port = free_port(), free_port()
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "graf"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n"
-                    'max_staleness = 100\nplacement = "group"\n'
-                    "[engine]\nslots_per_replica = 4\nadaptive_slots = true\n"
-                    "threads_per_process = 4\n[timeouts]\nshutdown_grace = 2\n"
-                    f"[metrics]\nport = {metrics_port}\n")
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "graf", "redis_url": redis_url},
+                      rollout={**G2_B2, "max_staleness": 100, "placement": "group"},
+                      engine={"slots_per_replica": 4, "adaptive_slots": True,
+                              "threads_per_process": 4},
+                      timeouts={"shutdown_grace": 2}, metrics={"port": metrics_port})
     client = RolloutClient.from_config(toml)
     trainer = Trainer(client)
     procs: list[subprocess.Popen] = []

@@ -44,7 +44,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.results import EpisodeResult, encode_result
-from testkit import wait_for
+from testkit import G2_B2, wait_for, write_farm
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
@@ -163,13 +163,10 @@ def admin(ops_redis: OpsRedis) -> Iterator[redis.Redis]:
 
 
 def farm_toml(path: Path, url: str, state_dir: Path) -> Path:
-    path.write_text(
-        f'[farm]\nname = "{FARM}"\nredis_url = "{url}"\nstate_dir = "{state_dir}"\n'
-        "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n"
-        "max_staleness = 10\n"
-        "[engine]\nslots_per_replica = 2\n"
-        "[timeouts]\nshutdown_grace = 2\nlease = 3\npause_barrier = 20\nleader_lease = 5\n")
-    return path
+    return write_farm(path, farm={"name": FARM, "redis_url": url, "state_dir": state_dir},
+                      rollout={**G2_B2, "max_staleness": 10}, engine={"slots_per_replica": 2},
+                      timeouts={"shutdown_grace": 2, "lease": 3, "pause_barrier": 20,
+                                "leader_lease": 5})
 
 
 

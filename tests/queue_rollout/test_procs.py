@@ -16,7 +16,7 @@ import pytest
 from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import HEALTHY_S, ChildRefused, Supervised, cli_exe, log_tail, stop_all
-from testkit import free_ports, process_tree, wait_for
+from testkit import free_ports, process_tree, wait_for, write_farm
 
 
 def test_backoff_doubles_in_a_crash_loop_and_starts_over_after_a_healthy_run():
@@ -106,13 +106,12 @@ def _cmdline(pid: int) -> str:
 
 def _write_farm(tmp_path: Path, redis_url: str = "") -> Path:
     """2 simulated replicas of 2 slots; an embedded Redis unless *redis_url*."""
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "tree"\nstate_dir = "{tmp_path / "state"}"\n'
-                    f'redis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 4\n"
-                    f"[engine]\nreplicas = 2\nslots_per_replica = 2\nbase_port = {free_ports(2)}\n"
-                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
-    return path
+    return write_farm(
+        tmp_path / "farm.toml",
+        farm={"name": "tree", "state_dir": tmp_path / "state", "redis_url": redis_url},
+        rollout={"group_size": 2, "batch_size": 1, "max_concurrent_samples": 4},
+        engine={"replicas": 2, "slots_per_replica": 2, "base_port": free_ports(2)},
+        metrics={"port": free_port()}, timeouts={"shutdown_grace": 2})
 
 
 # (the command after `queue-rollout`, what the tree must hold before the kill: a piece

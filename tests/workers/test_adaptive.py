@@ -22,23 +22,21 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe, stop_all
-from testkit import wait_for
+from testkit import wait_for, write_farm
 
 G, SLOTS, LONG, SHORT = 4, 4, 700, 20
 
 
 def write_toml(path: Path, redis_url: str) -> Path:
     # four 700-token episodes need 2,800 tokens of a 2,048-token pool
-    path.write_text(
-        f'[farm]\nname = "adapt"\nredis_url = "{redis_url}"\n'
-        f"[rollout]\ngroup_size = {G}\nbatch_size = 1\nmax_concurrent_samples = \"auto\"\n"
-        "max_staleness = 1000\n"
-        f"[engine]\nslots_per_replica = {SLOTS}\nthreads_per_process = 2\n"
-        "adaptive_slots = true\nmin_slots_per_replica = 1\nadaptive_interval_s = 0.1\n"
-        "max_total_tokens = 2048\nchunked_prefill_size = 512\n"
-        "[collector]\nstep_ms = 50\n"
-        "[timeouts]\nshutdown_grace = 2\nlease = 3\n")
-    return path
+    return write_farm(
+        path, farm={"name": "adapt", "redis_url": redis_url},
+        rollout={"group_size": G, "batch_size": 1, "max_concurrent_samples": "auto",
+                 "max_staleness": 1000},
+        engine={"slots_per_replica": SLOTS, "threads_per_process": 2, "adaptive_slots": True,
+                "min_slots_per_replica": 1, "adaptive_interval_s": 0.1,
+                "max_total_tokens": 2048, "chunked_prefill_size": 512},
+        collector={"step_ms": 50}, timeouts={"shutdown_grace": 2, "lease": 3})
 
 
 @pytest.mark.e2e

@@ -28,7 +28,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import find_redis_server, free_port
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe, stop_all
-from testkit import wait_for
+from testkit import G2_B2, wait_for, write_farm
 
 pytestmark = pytest.mark.e2e
 
@@ -88,13 +88,11 @@ def test_a_cut_off_worker_host_keeps_its_slots_and_its_late_results_count_once(t
                 "--protected-mode", "no", "--appendonly", "yes", "--save", "",
                 "--dir", str(tmp_path)], tmp_path / "redis.log", stdout=subprocess.DEVNULL))
             url = f"redis://{SUBNET}.2:{redis_port}/0"
-            toml = tmp_path / "farm.toml"
-            toml.write_text(f'[farm]\nname = "part"\nredis_url = "{url}"\n'
-                            "[rollout]\ngroup_size = 2\nbatch_size = 2\n"
-                            "max_concurrent_samples = 8\nmax_staleness = 100\n"
-                            "[engine]\nslots_per_replica = 4\n"
-                            "[timeouts]\nlease = 3\ndoubt = 600\nshutdown_grace = 2\n"
-                            f"[metrics]\nport = {free_port()}\n")
+            toml = write_farm(tmp_path / "farm.toml", farm={"name": "part", "redis_url": url},
+                              rollout={**G2_B2, "max_staleness": 100},
+                              engine={"slots_per_replica": 4},
+                              timeouts={"lease": 3, "doubt": 600, "shutdown_grace": 2},
+                              metrics={"port": free_port()})
             for gpu, host in enumerate(("a", "b")):
                 engine = in_ns(ns[host], [cli_exe(), "sim-engine", "--port", "30000", "--slots",
                                           "4", "--step-ms", "1", "--step-ms-per-request", "0",

@@ -22,7 +22,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.procs import cli_exe
-from testkit import wait_for
+from testkit import wait_for, write_farm
 
 pytestmark = pytest.mark.e2e
 
@@ -30,14 +30,12 @@ GROUPS, G = 24, 4
 
 
 def write_toml(path: Path, redis_url: str) -> Path:
-    path.write_text(
-        f'[farm]\nname = "place"\nredis_url = "{redis_url}"\n'
-        f"[rollout]\ngroup_size = {G}\nbatch_size = 1\nmax_concurrent_samples = 8\n"
-        'max_staleness = 1000\nplacement = "group"\nplacement_wait_s = 2\n'
-        "[engine]\nslots_per_replica = 4\n"
-        "[collector]\nstep_ms = 50\n"
-        "[timeouts]\nshutdown_grace = 2\nlease = 3\n")
-    return path
+    return write_farm(
+        path, farm={"name": "place", "redis_url": redis_url},
+        rollout={"group_size": G, "batch_size": 1, "max_concurrent_samples": 8,
+                 "max_staleness": 1000, "placement": "group", "placement_wait_s": 2},
+        engine={"slots_per_replica": 4}, collector={"step_ms": 50},
+        timeouts={"shutdown_grace": 2, "lease": 3})
 
 
 def replica(toml: Path, url: str = "") -> tuple[subprocess.Popen, str]:

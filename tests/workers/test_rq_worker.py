@@ -21,15 +21,13 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.workers.rq_worker import EpisodeProcess, WorkerSpec
-from testkit import wait_for
+from testkit import G2_B1, wait_for, write_farm
 
 
 def farm_toml(path: Path, redis_url: str, threads: int) -> Path:
-    path.write_text(f'[farm]\nname = "rqw"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8\n"
-                    f"[engine]\nslots_per_replica = 2\nthreads_per_process = {threads}\n"
-                    "[timeouts]\nshutdown_grace = 2\nlease = 3\n")
-    return path
+    return write_farm(path, farm={"name": "rqw", "redis_url": redis_url}, rollout=G2_B1,
+                      engine={"slots_per_replica": 2, "threads_per_process": threads},
+                      timeouts={"shutdown_grace": 2, "lease": 3})
 
 
 def test_rq_lists_every_slot_as_a_worker_of_the_farm_queue(tmp_path, redis_url, r):

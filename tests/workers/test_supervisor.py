@@ -25,7 +25,7 @@ from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.procs import cli_exe
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
-from testkit import Generating, greedy, metric_sum, running, wait_for
+from testkit import Generating, greedy, metric_sum, running, wait_for, write_farm
 
 
 def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url):
@@ -183,8 +183,7 @@ def test_a_stop_during_the_wait_ends_it_at_once_without_a_timeout():
 
 @pytest.mark.e2e
 def test_a_worker_process_stopped_while_it_waits_says_so_and_exits_0(redis_url, tmp_path):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "wait"\nredis_url = "{redis_url}"\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "wait", "redis_url": redis_url})
     url = f"http://127.0.0.1:{free_port()}"
     worker = subprocess.Popen([cli_exe(), "worker", "--gpu", "0", "--engine-url", url,
                                "-c", str(toml)], stdout=subprocess.PIPE,

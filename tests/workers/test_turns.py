@@ -55,9 +55,9 @@ def test_32_groups_of_4_three_turn_episodes_each_delivered_once_with_their_turns
     port = free_port()
     toml = write_up_farm(
         tmp_path / "farm.toml", "turns", tmp_path / "state", slots=8, metrics_port=port,
-        rollout="group_size = 4\nbatch_size = 4\nmax_concurrent_samples = 16\n"
-                "max_staleness = 1000",
-        extra='[workflow]\nname = "controlled_turns"\n')
+        rollout={"group_size": 4, "batch_size": 4, "max_concurrent_samples": 16,
+                 "max_staleness": 1000},
+        workflow={"name": "controlled_turns"})
     with farm_up(toml, "--request-log-dir", str(logs)) as line:
         assert "farm turns up" in line
         assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
@@ -111,7 +111,7 @@ def test_a_worker_killed_in_a_tool_wait_is_retried_from_turn_1_and_delivered_onc
              {"gen": 40, "tool_s": 6.0, "tool_tokens": 5},  # killed in this wait
              {"gen": 20}]
     toml = write_worker_farm(tmp_path / "farm.toml", redis_url, group_size=1, slots=1, lease=2,
-                             extra='[workflow]\nname = "controlled_turns"\n')
+                             workflow={"name": "controlled_turns"})
     with ExitStack() as stack:
         farm = WorkerFarm(stack, toml, replicas=1, step_ms=1.0)
         ledger = Ledger.from_config(r, farm.config)

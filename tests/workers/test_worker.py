@@ -22,7 +22,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.workers.resolver import resolve_doubt
-from testkit import wait_for
+from testkit import G2_B1, rewrite_farm, wait_for, write_farm
 
 
 @pytest.fixture
@@ -33,12 +33,9 @@ def engine():
 
 @pytest.fixture
 def farm_toml(tmp_path, redis_url) -> Path:
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "w"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8\n"
-                    "max_staleness = 10\n[engine]\nslots_per_replica = 2\n"
-                    "[timeouts]\nshutdown_grace = 2\nlease = 3\npause_barrier = 2\n")
-    return path
+    return write_farm(tmp_path / "farm.toml", farm={"name": "w", "redis_url": redis_url},
+                      rollout={**G2_B1, "max_staleness": 10}, engine={"slots_per_replica": 2},
+                      timeouts={"shutdown_grace": 2, "lease": 3, "pause_barrier": 2})
 
 
 def start_worker(farm_toml: Path, url: str, log: Path | None = None) -> subprocess.Popen:
@@ -121,8 +118,7 @@ def test_a_member_after_its_sibling_finds_the_prompt_cached_and_the_ledger_count
 
 @pytest.mark.e2e
 def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, engine, farm_toml):
-    farm_toml.write_text(farm_toml.read_text().replace(
-        "slots_per_replica = 2\n", "slots_per_replica = 2\nthreads_per_process = 2\n"))
+    rewrite_farm(farm_toml, engine={"threads_per_process": 2})
     config = load_config(farm_toml)
     ledger = Ledger.from_config(r, config)
     proc = start_worker(farm_toml, engine.url)
@@ -348,8 +344,7 @@ def test_a_killed_worker_leaves_the_live_set_within_three_leases(r, engine, farm
 @pytest.mark.e2e
 def test_a_worker_says_what_it_waits_for_on_sigterm_and_a_second_one_stops_it_now(
         r, engine, farm_toml):
-    farm_toml.write_text(farm_toml.read_text().replace("shutdown_grace = 2",
-                                                       "shutdown_grace = 120"))
+    rewrite_farm(farm_toml, timeouts={"shutdown_grace": 120})
     ledger = Ledger.from_config(r, load_config(farm_toml))
     proc = start_worker(farm_toml, engine.url)
     try:

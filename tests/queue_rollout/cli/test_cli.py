@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from queue_rollout.cli.main import main
-from testkit import trivial_prompts
+from testkit import trivial_prompts, write_farm
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
@@ -59,9 +59,8 @@ def test_status_json_has_the_design_shape(tmp_path, redis_url, make_ledger, caps
     ledger.submit(trivial_prompts(3))
     aid = ledger.admit().attempt_ids[0]
     ledger.start(aid, "w", "r", "b", 30)
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "t"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nmax_concurrent_samples = 6\n")
+    path = write_farm(tmp_path / "farm.toml", farm={"name": "t", "redis_url": redis_url},
+                      rollout={"group_size": 2, "max_concurrent_samples": 6})
     assert main(["status", "--json", "-c", str(path)]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["mode"] == "sample" and (s["capacity"], s["reserved"]) == (6, 2)
@@ -79,8 +78,7 @@ def test_c_is_taken_before_the_command_as_after_it(tmp_path, redis_url, capsys, 
     assert main(["-c", str(missing), *argv] if where == "before"
                 else [*argv, "-c", str(missing)]) == 2
     assert "cannot read config" in capsys.readouterr().err
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "mine"\nredis_url = "{redis_url}"\n')
+    path = write_farm(tmp_path / "farm.toml", farm={"name": "mine", "redis_url": redis_url})
     assert main(["-c", str(path), *argv] if where == "before"
                 else [*argv, "-c", str(path)]) == 0
     assert json.loads(capsys.readouterr().out)["farm"] == "mine"
@@ -89,8 +87,7 @@ def test_c_is_taken_before_the_command_as_after_it(tmp_path, redis_url, capsys, 
 def test_a_reader_that_leaves_early_is_no_error(tmp_path, redis_url):
     from queue_rollout.procs import cli_exe
 
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "piped"\nredis_url = "{redis_url}"\n')
+    path = write_farm(tmp_path / "farm.toml", farm={"name": "piped", "redis_url": redis_url})
     proc = subprocess.Popen([cli_exe(), "status", "-c", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -106,8 +103,7 @@ def test_two_different_configs_exit_2(tmp_path, capsys):
 
 
 def test_status_without_a_farm_says_how_to_start_one(tmp_path, capsys):
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nstate_dir = "{tmp_path / "nothing"}"\n')
+    path = write_farm(tmp_path / "farm.toml", farm={"state_dir": tmp_path / "nothing"})
     assert main(["status", "-c", str(path)]) == 4
     assert "queue-rollout up" in capsys.readouterr().err
 
@@ -122,6 +118,8 @@ def test_console_script_is_installed():
 # -- bad input: a clear message, exit 2, and the farm's Redis state unchanged -----------
 
 def _farm_toml(path: Path, redis_url: str, extra: str = "") -> Path:
+    """Farm bi: G = 2, 2 slots, prompts up to 200 bytes. *extra*, TOML lines at the end of
+    ``[rollout]``, makes it a bad config: this one stays text."""
     path.write_text(f'[farm]\nname = "bi"\nredis_url = "{redis_url}"\n'
                     f"[rollout]\ngroup_size = 2\nmax_concurrent_samples = 2\n"
                     f"{extra}[limits]\nmax_prompt_bytes = 200\n")

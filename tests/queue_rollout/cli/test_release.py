@@ -10,15 +10,14 @@ from queue_rollout.cli.release import cmd_release, configure
 from queue_rollout.config import load_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
-from testkit import trivial_prompts
+from testkit import trivial_prompts, write_farm
 
 
 @pytest.fixture
 def config(tmp_path, redis_url):
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "cr"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 1\nbatch_size = 2\nmax_concurrent_samples = 8\n")
-    return load_config(path)
+    return load_config(write_farm(
+        tmp_path / "farm.toml", farm={"name": "cr", "redis_url": redis_url},
+        rollout={"group_size": 1, "batch_size": 2, "max_concurrent_samples": 8}))
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -14,6 +14,7 @@ import pytest
 from queue_rollout.cli.main import main
 from queue_rollout.config import load_config
 from queue_rollout.errors import ConfigError
+from testkit import write_farm
 
 PLUGIN = textwrap.dedent('''
     class Episode:
@@ -74,11 +75,8 @@ def plugin(tmp_path, monkeypatch) -> str:
 
 
 def farm(tmp_path: Path, redis_url: str, workflow: str = "", name: str = "sub") -> Path:
-    toml = tmp_path / "farm.toml"
-    section = f'[workflow]\nname = "{workflow}"\n' if workflow else ""
-    toml.write_text(f'[farm]\nname = "{name}"\nredis_url = "{redis_url}"\n'
-                    f"[rollout]\ngroup_size = 2\n{section}")
-    return toml
+    return write_farm(tmp_path / "farm.toml", farm={"name": name, "redis_url": redis_url},
+                      rollout={"group_size": 2}, workflow={"name": workflow} if workflow else {})
 
 
 def write(path: Path, *rows: dict) -> Path:

@@ -44,9 +44,9 @@ def test_trace_tells_a_retry_after_sigkill_and_a_rejection(
     monkeypatch.syspath_prepend(str(tmp_path))  # the collector here, the worker below
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p))
-    toml = write_worker_farm(
-        tmp_path / "farm.toml", redis_url, group_size=2, slots=2, lease=2,
-        extra='[acceptance]\nplugin = "trace_rules:rules"\n[collector]\nstep_ms = 50\n')
+    toml = write_worker_farm(tmp_path / "farm.toml", redis_url, group_size=2, slots=2, lease=2,
+                             acceptance={"plugin": "trace_rules:rules"},
+                             collector={"step_ms": 50})
     config = load_config(toml)
     ledger = Ledger.from_config(r, config)
     stop = threading.Event()

@@ -11,7 +11,7 @@ from queue_rollout.cli.main import main
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import load_config
 from queue_rollout.errors import BadInput, BarrierTimeout, InvariantViolation
-from testkit import finish_all
+from testkit import G2_B2, finish_all, write_farm
 
 
 def prompt(pid: str, text: str = "x") -> dict:
@@ -22,10 +22,8 @@ def prompt(pid: str, text: str = "x") -> dict:
 
 @pytest.fixture
 def farm_toml(tmp_path, redis_url):
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "tc"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
-    return path
+    return write_farm(tmp_path / "farm.toml", farm={"name": "tc", "redis_url": redis_url},
+                      rollout=G2_B2)
 
 
 def test_get_batch_returns_whole_groups_and_redelivers_until_ack(farm_toml):
@@ -208,9 +206,8 @@ def test_every_trainer_call_raises_redis_unavailable_when_redis_is_gone(tmp_path
 
     server = EmbeddedRedis(tmp_path / "redis", write_url=False)
     url = server.start()
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "gone"\nredis_url = "{url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 1\n[timeouts]\npause_barrier = 1\n")
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "gone", "redis_url": url},
+                      rollout={"group_size": 2, "batch_size": 1}, timeouts={"pause_barrier": 1})
     client = RolloutClient.from_config(toml)
     server.stop()
     calls = {"status": client.status, "version": client.version,

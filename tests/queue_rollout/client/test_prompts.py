@@ -11,17 +11,15 @@ from hypothesis import strategies as st
 
 from queue_rollout.cli.main import main
 from queue_rollout.client.prompts import farm_needs, parse_lines, parse_numbered, split_lines
-from queue_rollout.config import decode_config
 from queue_rollout.errors import BadInput
-from testkit import examples
+from testkit import examples, farm_config, write_farm
 
 
 def needs(workflow: str = "controlled_length", *, G: int = 2, kind: str = "sim",
           max_turns: int = 256):
     """What a farm of *workflow* on *kind* replicas needs of a prompt."""
-    return farm_needs(decode_config(
-        f'[rollout]\ngroup_size = {G}\n[workflow]\nname = "{workflow}"\n'
-        f'[engine]\nkind = "{kind}"\n[limits]\nmax_turns = {max_turns}\n'))
+    return farm_needs(farm_config(rollout={"group_size": G}, workflow={"name": workflow},
+                                  engine={"kind": kind}, limits={"max_turns": max_turns}))
 
 
 def parse(*lines: str, max_bytes: int = 1000, workflow: str = "noop"):
@@ -161,9 +159,8 @@ def test_the_client_refuses_what_the_workflow_lacks_naming_index_and_id(
         tmp_path, redis_url, redis_snapshot, workflow, prompts, message):
     from queue_rollout import RolloutClient
 
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "cl"\nredis_url = "{redis_url}"\n[rollout]\n'
-                    f'group_size = 2\n[workflow]\nname = "{workflow}"\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "cl", "redis_url": redis_url},
+                      rollout={"group_size": 2}, workflow={"name": workflow})
     client = RolloutClient.from_config(toml)
     before = redis_snapshot()
     with pytest.raises(BadInput) as info:
@@ -188,9 +185,8 @@ def test_the_client_enforces_a_plugins_declaration(tmp_path, redis_url, redis_sn
         "        return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        toml = tmp_path / "farm.toml"
-        toml.write_text(f'[farm]\nname = "pl"\nredis_url = "{redis_url}"\n'
-                        f'[workflow]\nname = "{module}:Graded"\n')
+        toml = write_farm(tmp_path / "farm.toml", farm={"name": "pl", "redis_url": redis_url},
+                          workflow={"name": f"{module}:Graded"})
         client = RolloutClient.from_config(toml)
         before = redis_snapshot()
         with pytest.raises(BadInput, match=rf"^prompt #0: prompt 'q': `rubric` missing: "
@@ -217,8 +213,8 @@ def test_duplicate_ids_in_a_file_name_both_lines():
 
 
 def test_submit_command_enqueues_all_or_nothing(tmp_path, redis_url, r, capsys):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "s"\nredis_url = "{redis_url}"\n[rollout]\ngroup_size = 2\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "s", "redis_url": redis_url},
+                      rollout={"group_size": 2})
     good = tmp_path / "good.jsonl"
     good.write_text('{"id": "a", "prompt": "x", "member_lengths": [1, 2]}\n'
                     '{"id": "b", "prompt": "y", "member_lengths": [3, 4]}\n')
@@ -239,9 +235,9 @@ def test_submit_command_enqueues_all_or_nothing(tmp_path, redis_url, r, capsys):
 
 
 def test_submit_command_checks_turns_against_limits_max_turns(tmp_path, redis_url, r, capsys):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "t"\nredis_url = "{redis_url}"\n[rollout]\ngroup_size = 2\n'
-                    '[workflow]\nname = "controlled_turns"\n[limits]\nmax_turns = 2\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "t", "redis_url": redis_url},
+                      rollout={"group_size": 2}, workflow={"name": "controlled_turns"},
+                      limits={"max_turns": 2})
     turns = [[{"gen": 1}]] * 2
     long = tmp_path / "long.jsonl"  # one turn over limits.max_turns (2 in this farm)
     long.write_text(json.dumps({"id": "e", "prompt": "x", "member_turns": turns}) + "\n"

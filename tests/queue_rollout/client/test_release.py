@@ -9,15 +9,13 @@ from queue_rollout import RolloutClient
 from queue_rollout.collector.loop import Collector
 from queue_rollout.errors import BadInput, BatchReleased
 from queue_rollout.ledger.doctor import examine
-from testkit import finish_all
+from testkit import G2_B2, finish_all, write_farm
 
 
 @pytest.fixture
 def farm_toml(tmp_path, redis_url):
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "tr"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8\n")
-    return path
+    return write_farm(tmp_path / "farm.toml", farm={"name": "tr", "redis_url": redis_url},
+                      rollout=G2_B2)
 
 
 def test_a_released_batch_is_trained_once_by_another_trainer(farm_toml):

@@ -17,6 +17,7 @@ from queue_rollout import RolloutClient
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
+from testkit import write_farm
 
 pytestmark = pytest.mark.e2e
 
@@ -25,18 +26,18 @@ EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
 @pytest.mark.parametrize("recovery", ["standby", "restart"])
 def test_the_leader_killed_mid_run_is_replaced(tmp_path, redis_url, r, recovery):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "fo"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 4\n"
-                    "max_staleness = 100\n[engine]\nslots_per_replica = 2\n"
-                    "[timeouts]\nleader_lease = 1\nshutdown_grace = 2\n")
+    farm = {"farm": {"name": "fo", "redis_url": redis_url},
+            "rollout": {"group_size": 2, "batch_size": 2, "max_concurrent_samples": 4,
+                        "max_staleness": 100},
+            "engine": {"slots_per_replica": 2},
+            "timeouts": {"leader_lease": 1, "shutdown_grace": 2}}
+    toml = write_farm(tmp_path / "farm.toml", **farm)
     procs: list[subprocess.Popen] = []
 
     def spawn(*args: str, port: int | None = None) -> subprocess.Popen:
         cfg = toml
         if port is not None:  # each collector serves metrics on its own port
-            cfg = tmp_path / f"farm-{port}.toml"
-            cfg.write_text(toml.read_text() + f"[metrics]\nport = {port}\n")
+            cfg = write_farm(tmp_path / f"farm-{port}.toml", **farm, metrics={"port": port})
         proc = subprocess.Popen([EXE, *args, "-c", str(cfg)], stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         proc.stdout.readline()
@@ -79,11 +80,11 @@ def test_the_leader_killed_mid_run_is_replaced(tmp_path, redis_url, r, recovery)
 
 
 def test_auto_capacity_grows_when_a_third_worker_joins(tmp_path, redis_url, r):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "auto"\nredis_url = "{redis_url}"\n'
-                    '[rollout]\ngroup_size = 2\nbatch_size = 1\nmax_concurrent_samples = "auto"\n'
-                    "max_staleness = 100\n[engine]\nslots_per_replica = 2\n"
-                    f"[metrics]\nport = {free_port()}\n[timeouts]\nshutdown_grace = 2\n")
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "auto", "redis_url": redis_url},
+                      rollout={"group_size": 2, "batch_size": 1,
+                               "max_concurrent_samples": "auto", "max_staleness": 100},
+                      engine={"slots_per_replica": 2}, metrics={"port": free_port()},
+                      timeouts={"shutdown_grace": 2})
     client = RolloutClient.from_config(toml)
     procs: list[subprocess.Popen] = []
 

@@ -13,6 +13,7 @@ from queue_rollout.config import Config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.results import EpisodeResult, encode_result
+from testkit import write_farm
 
 DESIGN_METRICS = [
     "sample_slots", "sample_slots_reserved", "active_episodes", "doubtful_attempts",
@@ -176,17 +177,15 @@ def test_a_metrics_port_in_use_is_one_line_naming_its_key_and_the_collector_exit
         port = held.getsockname()[1]
         said = (f"metrics.port {port} is in use: [Errno 98] Address already in use "
                 f"(127.0.0.1:{port}); stop what holds it or choose another port")
-        config = msgspec.convert({"farm": {"name": "mp", "redis_url": redis_url},
-                                  "metrics": {"port": port}}, Config)
+        farm = {"farm": {"name": "mp", "redis_url": redis_url}, "metrics": {"port": port}}
+        config = msgspec.convert(farm, Config)
         try:
             FarmMetrics(Ledger.from_config(r, config), config).serve()
         except ConfigError as exc:
             assert str(exc) == said and exc.exit_code == 2
         else:
             raise AssertionError("served on a port in use")
-        toml = tmp_path / "farm.toml"
-        toml.write_text(f'[farm]\nname = "mp"\nredis_url = "{redis_url}"\n'
-                        f"[metrics]\nport = {port}\n")
+        toml = write_farm(tmp_path / "farm.toml", **farm)
         done = subprocess.run([cli_exe(), "collector", "-c", str(toml)], capture_output=True,
                               text=True, timeout=60)
     assert done.returncode == 2 and done.stderr == f"queue-rollout: {said}\n"

@@ -16,7 +16,7 @@ from real_engine.server import AREAL_PYTHON_ENV, AREAL_VERSION, CACHE, find_area
 
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
-from testkit import farm_up, grpo_sim_farm
+from testkit import farm_up, grpo_sim_farm, write_farm
 
 ROOT = Path(__file__).resolve().parents[3]
 G, B = 4, 2
@@ -87,10 +87,8 @@ print(json.dumps(out))
 
 def test_what_the_farm_cannot_serve_is_refused_and_stale_tokens_leave_the_loss_mask(
         areal_python, tmp_path, redis_url):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "areal"\nredis_url = "{redis_url}"\n'
-                    f"[rollout]\ngroup_size = {G}\nbatch_size = {B}\n"
-                    '[workflow]\nname = "generate"\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "areal", "redis_url": redis_url},
+                      rollout={"group_size": G, "batch_size": B}, workflow={"name": "generate"})
     proc = subprocess.run([areal_python, "-c", PROBE, str(toml)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,7 +18,7 @@ from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
 from queue_rollout.errors import BadInput
 from queue_rollout.integrations.trl import FarmRollout
-from testkit import farm_up, grpo_sim_farm
+from testkit import farm_up, grpo_sim_farm, write_farm
 
 ROOT = Path(__file__).resolve().parents[3]
 G, B = 4, 2
@@ -34,10 +34,9 @@ def trainer(**fields: Any) -> SimpleNamespace:
 
 @pytest.fixture
 def client(tmp_path, redis_url) -> RolloutClient:
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "trl"\nredis_url = "{redis_url}"\n'
-                    f"[rollout]\ngroup_size = {G}\nbatch_size = {B}\n")
-    return RolloutClient.from_config(toml)
+    return RolloutClient.from_config(write_farm(
+        tmp_path / "farm.toml", farm={"name": "trl", "redis_url": redis_url},
+        rollout={"group_size": G, "batch_size": B}))
 
 
 @pytest.mark.parametrize("fields,prompts,message", [
@@ -57,13 +56,12 @@ def test_a_generation_the_farm_cannot_serve_is_refused_before_anything_is_submit
     assert client.status()["groups"]["pending"] == 0
 
 
-@pytest.mark.parametrize("acceptance", ["reject_zero_variance = true",
-                                        "max_failed_members = 1"])
+@pytest.mark.parametrize("acceptance", [{"reject_zero_variance": True},
+                                        {"max_failed_members": 1}],
+                         ids=["reject_zero_variance", "max_failed_members"])
 def test_acceptance_rules_on_the_farms_rewards_are_refused(tmp_path, redis_url, acceptance):
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "trl"\nredis_url = "{redis_url}"\n'
-                    f"[rollout]\ngroup_size = {G}\nbatch_size = {B}\n"
-                    f"[acceptance]\n{acceptance}\n")
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "trl", "redis_url": redis_url},
+                      rollout={"group_size": G, "batch_size": B}, acceptance=acceptance)
     with pytest.raises(BadInput, match="TRL"):
         FarmRollout(RolloutClient.from_config(toml), tmp_path / "ckpt")
 

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from importlib.util import find_spec
@@ -36,7 +35,7 @@ from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import alive, free_ports, process_tree, wait_for
+from testkit import alive, free_ports, merged, process_tree, wait_for, write_farm
 
 
 def test_gpu_lists():
@@ -111,27 +110,16 @@ def test_deterministic_inference_on_a_cpu_server_is_refused_not_dropped():
     assert "--enable-deterministic-inference" not in argv and argv[-2:] == ["--device", "cpu"]
 
 
-def write_farm(tmp_path: Path, redis_url: str, engine: str) -> Path:
-    path = tmp_path / "farm.toml"
-    path.write_text(textwrap.dedent(f"""\
-        [farm]
-        name = "nd"
-        redis_url = "{redis_url}"
-        state_dir = "{tmp_path / 'state'}"
-        [rollout]
-        group_size = 2
-        batch_size = 1
-        max_concurrent_samples = 4
-        max_staleness = 100
-        [timeouts]
-        shutdown_grace = 2
-        lease = 3
-        [engine]
-        slots_per_replica = 2
-        base_port = {free_ports(2)}
-        {engine}
-        """))
-    return path
+def node_farm(tmp_path: Path, redis_url: str, **changes: dict) -> Path:
+    """Farm nd's config for a node: replicas of 2 slots on free ports; *changes* change or
+    add keys (``engine={"kind": "sim"}``)."""
+    return write_farm(tmp_path / "farm.toml", **merged(
+        {"farm": {"name": "nd", "redis_url": redis_url, "state_dir": tmp_path / "state"},
+         "rollout": {"group_size": 2, "batch_size": 1, "max_concurrent_samples": 4,
+                     "max_staleness": 100},
+         "timeouts": {"shutdown_grace": 2, "lease": 3},
+         "engine": {"slots_per_replica": 2, "base_port": free_ports(2)}},
+        changes))
 
 
 def boots(tmp_path: Path) -> list[dict]:
@@ -180,7 +168,7 @@ def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_sto
     """Replica gpu0 is killed with episodes in flight: node restarts it under a new boot
     id and its worker with it; the worker settles the old boot's attempts as stopped
     (the boot changed) and runs them again; every group comes out whole."""
-    toml = write_farm(tmp_path, redis_url, 'kind = "sim"\nstep_ms = 1.0')
+    toml = node_farm(tmp_path, redis_url, engine={"kind": "sim", "step_ms": 1.0})
     node = start_node(toml, "0-1")
     stop = threading.Event()
     try:
@@ -266,8 +254,9 @@ def test_sglang_replicas_are_launched_pinned_with_the_documented_arguments(
     (fake / "sglang" / "launch_server.py").write_text(STAND_IN)
     record = tmp_path / "record"
     record.mkdir()
-    toml = write_farm(tmp_path, redis_url, 'kind = "sglang"\nmodel_path = "/models/policy"\n'
-                      'deterministic = true\nsglang_args = ["--mem-fraction-static", "0.8"]')
+    toml = node_farm(tmp_path, redis_url, engine={
+        "kind": "sglang", "model_path": "/models/policy", "deterministic": True,
+        "sglang_args": ["--mem-fraction-static", "0.8"]})
     base = load_config(toml).engine.base_port
     env = {**os.environ, "PYTHONPATH": str(fake), "STAND_IN_RECORD": str(record)}
     env.pop(SGLANG_PYTHON_ENV, None)  # the fake sglang is this Python's (node's own)
@@ -290,7 +279,7 @@ def test_sglang_replicas_are_launched_pinned_with_the_documented_arguments(
 
 
 def test_sglang_without_a_model_is_refused(tmp_path, redis_url):
-    toml = write_farm(tmp_path, redis_url, 'kind = "sglang"')
+    toml = node_farm(tmp_path, redis_url, engine={"kind": "sglang"})
     proc = subprocess.run([cli_exe(), "node", "--gpus", "0", "-c", str(toml)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
@@ -298,16 +287,16 @@ def test_sglang_without_a_model_is_refused(tmp_path, redis_url):
 
 
 @pytest.mark.parametrize(("engine", "refusal"), [
-    (f'kind = "sglang"\nmodel_path = "/m"\npython = "{sys.executable}"',
+    ({"kind": "sglang", "model_path": "/m", "python": sys.executable},
      f"engine.python: {sys.executable} (engine.python) cannot import sglang"),
-    ('kind = "sglang"\nmodel_path = "/m"\nsglang_args = ["--device", "cpu"]',
+    ({"kind": "sglang", "model_path": "/m", "sglang_args": ["--device", "cpu"]},
      "engine.deterministic: a CPU server"),
 ], ids=["no-sglang", "deterministic-on-cpu"])
 def test_node_refuses_replicas_that_cannot_start_before_starting_anything(
         tmp_path, redis_url, engine, refusal):
     if find_spec("sglang") is not None:
         pytest.skip("this Python has SGLang")
-    toml = write_farm(tmp_path, redis_url, engine)
+    toml = node_farm(tmp_path, redis_url, engine=engine)
     proc = subprocess.run([cli_exe(), "node", "--gpus", "0", "-c", str(toml)],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2
@@ -333,9 +322,9 @@ def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops
     nothing of SGLang left behind, and the sgl_kernel stand-in was never called."""
     python = sglang_interpreter
     args = [*tier.CPU_ARGS, "--max-total-tokens", "16384"]
-    toml = write_farm(tmp_path, redis_url, f'kind = "sglang"\npython = "{python}"\n'
-                      f'model_path = "{tier.model(python, seed=0)}"\ndeterministic = false\n'
-                      f"sglang_args = {json.dumps(args)}")
+    toml = node_farm(tmp_path, redis_url, engine={
+        "kind": "sglang", "python": python, "model_path": tier.model(python, seed=0),
+        "deterministic": False, "sglang_args": args})
     port = load_config(toml).engine.base_port
     calls = tmp_path / "sgl_kernel_calls.jsonl"
     env = {**os.environ, tier.STAND_IN_LOG_ENV: str(calls), "PYTHONPATH": os.pathsep.join(
@@ -382,7 +371,7 @@ def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops
 
 def test_a_replica_port_in_use_is_refused_naming_engine_base_port_before_anything_starts(
         tmp_path, redis_url):
-    toml = write_farm(tmp_path, redis_url, 'kind = "sim"')
+    toml = node_farm(tmp_path, redis_url, engine={"kind": "sim"})
     base = load_config(toml).engine.base_port
     with socket.socket() as held:
         held.bind(("127.0.0.1", base + 1))  # GPU 1's replica's port
@@ -404,8 +393,8 @@ def test_node_on_ctrl_c_says_what_it_waits_for_and_a_second_ctrl_c_stops_it_at_o
         tmp_path, redis_url, r):
     """A terminal's Ctrl-C reaches the whole group: only node acts on it (its replicas
     keep serving the workers' grace); a second one kills every process at once."""
-    toml = write_farm(tmp_path, redis_url, 'kind = "sim"\nstep_ms = 1.0')
-    toml.write_text(toml.read_text().replace("shutdown_grace = 2", "shutdown_grace = 120"))
+    toml = node_farm(tmp_path, redis_url, engine={"kind": "sim", "step_ms": 1.0},
+                     timeouts={"shutdown_grace": 120})
     node = start_node(toml, "0-1", stderr=subprocess.PIPE, start_new_session=True)
     stop = threading.Event()
     try:

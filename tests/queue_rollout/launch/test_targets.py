@@ -29,8 +29,7 @@ from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
 from queue_rollout.procs import cli_exe
-from testkit import farm_up, free_ports, wait_for
-from testkit import write_up_farm as write_farm
+from testkit import farm_up, free_ports, wait_for, write_farm, write_up_farm
 
 
 def config(tmp_path, **metrics: object) -> Config:
@@ -91,8 +90,8 @@ def test_the_file_is_replaced_whole_only_when_it_changes_and_emptied_at_the_end(
 def test_an_up_farm_lists_the_replicas_its_workers_use_and_its_collector(tmp_path):
     state = tmp_path / "state"
     metrics_port = free_port()
-    toml = write_farm(tmp_path / "farm.toml", "tgt", state, slots=2, metrics_port=metrics_port,
-                      rollout="group_size = 2\nbatch_size = 1")
+    toml = write_up_farm(tmp_path / "farm.toml", "tgt", state, slots=2,
+                         metrics_port=metrics_port, rollout={"group_size": 2, "batch_size": 1})
     path = state / "prometheus" / "targets.json"
     with farm_up(toml) as line:
         assert "farm tgt up" in line
@@ -125,10 +124,10 @@ def test_an_up_farm_lists_the_replicas_its_workers_use_and_its_collector(tmp_pat
 def test_a_node_lists_its_replicas_on_their_ports_and_empties_the_file_on_sigterm(
         tmp_path, redis_url):
     base = free_ports(2)
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "nt"\nredis_url = "{redis_url}"\n'
-                    f'state_dir = "{tmp_path / "state"}"\n[timeouts]\nshutdown_grace = 2\n'
-                    f'[engine]\nkind = "sim"\nslots_per_replica = 2\nbase_port = {base}\n')
+    toml = write_farm(tmp_path / "farm.toml",
+                      farm={"name": "nt", "redis_url": redis_url, "state_dir": tmp_path / "state"},
+                      timeouts={"shutdown_grace": 2},
+                      engine={"kind": "sim", "slots_per_replica": 2, "base_port": base})
     node = subprocess.Popen([cli_exe(), "node", "--gpus", "3,5", "-c", str(toml)],
                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     path = tmp_path / "state" / "prometheus" / "node-targets.json"

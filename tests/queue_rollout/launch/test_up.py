@@ -25,8 +25,7 @@ from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
 from queue_rollout.procs import Supervised, stop_all
-from testkit import alive, farm_up, process_tree, wait_for
-from testkit import write_up_farm as write_farm
+from testkit import G2_B1, G2_B2, alive, farm_up, process_tree, wait_for, write_up_farm
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
@@ -39,8 +38,8 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_up_runs_a_farm_the_other_commands_find(tmp_path):
     state = tmp_path / "state"
     metrics_port = free_port()
-    toml = write_farm(tmp_path / "farm.toml", "up", state, slots=2, metrics_port=metrics_port,
-                      rollout="group_size = 2\nbatch_size = 2\nmax_concurrent_samples = 8")
+    toml = write_up_farm(tmp_path / "farm.toml", "up", state, slots=2, metrics_port=metrics_port,
+                         rollout=G2_B2)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "x",
                                            "member_lengths": [40, 80]}) + "\n"
@@ -103,11 +102,11 @@ def run_reference_scenario(tmp_path: Path, mode: str) -> str:
     """DESIGN's reference scenario through the CLI: G=4, 8 slots over 2 simulated
     replicas, B=1; two groups of 2 short + 2 long members, then one of short members.
     Returns the id of the first group delivered."""
-    limit = ("max_concurrent_samples = 8" if mode == "sample"
-             else "max_concurrent_rollouts = 2")
-    toml = write_farm(tmp_path / f"{mode}.toml", f"ref-{mode}", tmp_path / mode, slots=4,
-                      metrics_port=free_port(),
-                      rollout=f"group_size = 4\nbatch_size = 1\n{limit}")
+    limit = ({"max_concurrent_samples": 8} if mode == "sample"
+             else {"max_concurrent_rollouts": 2})
+    toml = write_up_farm(tmp_path / f"{mode}.toml", f"ref-{mode}", tmp_path / mode, slots=4,
+                         metrics_port=free_port(),
+                         rollout={"group_size": 4, "batch_size": 1, **limit})
     prompts = tmp_path / f"{mode}.jsonl"
     short, long = 40, 4000  # 20 ms and 2 s of decoding
     rows = [{"id": "first", "member_lengths": [short, short, long, long]},
@@ -133,12 +132,12 @@ def test_reference_scenario_sample_refill_delivers_the_short_group_first(tmp_pat
 @pytest.mark.e2e
 def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
     metrics_port = free_port()
-    toml = write_farm(
+    toml = write_up_farm(
         tmp_path / "farm.toml", "zv", tmp_path / "state", slots=4, metrics_port=metrics_port,
-        step_ms_per_request=0.2,
-        rollout="group_size = 4\nbatch_size = 2\nmax_concurrent_samples = 8\nmax_staleness = 0",
-        extra='[acceptance]\nreject_zero_variance = true\n'
-              '[workflow]\nname = "math"\n[workflow.sampling]\nmax_new_tokens = 64\n')
+        rollout={"group_size": 4, "batch_size": 2, "max_concurrent_samples": 8,
+                 "max_staleness": 0},
+        engine={"step_ms_per_request": 0.2}, acceptance={"reject_zero_variance": True},
+        workflow={"name": "math", "sampling": {"max_new_tokens": 64}})
     # always right: zero variance; always wrong: zero variance; 0.5: mixed rewards
     rows = ([{"id": f"easy{i}", "p_correct": 1.0} for i in range(3)]
             + [{"id": f"hard{i}", "p_correct": 0.0} for i in range(3)]
@@ -180,9 +179,10 @@ def test_zero_variance_math_groups_are_rejected_and_replaced(tmp_path):
 def test_refill_delivers_while_stragglers_run_and_pause_does_not_wait_for_them(tmp_path):
     from queue_rollout import RolloutClient
 
-    toml = write_farm(
+    toml = write_up_farm(
         tmp_path / "farm.toml", "st", tmp_path / "state", slots=4, metrics_port=free_port(),
-        rollout="group_size = 4\nbatch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 10")
+        rollout={"group_size": 4, "batch_size": 1, "max_concurrent_samples": 8,
+                 "max_staleness": 10})
     with farm_up(toml) as line:
         assert "farm st up" in line
         client = RolloutClient.from_config(toml)
@@ -213,10 +213,9 @@ def test_a_trainer_resuming_at_version_10_gets_no_burst(tmp_path):
     prompts: at most (max_staleness + 1) * B = 3 groups are admitted ahead of the
     trainer, and no consumed group is more than max_staleness versions old."""
     metrics_port = free_port()
-    toml = write_farm(tmp_path / "farm.toml", "resume", tmp_path / "state", slots=4,
-                      metrics_port=metrics_port,
-                      rollout="group_size = 2\nbatch_size = 1\nmax_staleness = 2\n"
-                              "max_concurrent_samples = 8")
+    toml = write_up_farm(tmp_path / "farm.toml", "resume", tmp_path / "state", slots=4,
+                         metrics_port=metrics_port,
+                         rollout={**G2_B1, "max_staleness": 2})
     prompts = tmp_path / "prompts.jsonl"
     # each group longer than the one before (by 100 ms of decoding): they complete in
     # the order they were admitted, which is when the budget bounds each one's staleness
@@ -316,9 +315,8 @@ def running_farm(tmp_path: Path, name: str, grace: int, *args: str
     from queue_rollout import RolloutClient
 
     state = tmp_path / "state"
-    toml = write_farm(tmp_path / "farm.toml", name, state, slots=2, metrics_port=free_port(),
-                      rollout="group_size = 2\nbatch_size = 1\nmax_concurrent_samples = 8")
-    toml.write_text(toml.read_text().replace("shutdown_grace = 2", f"shutdown_grace = {grace}"))
+    toml = write_up_farm(tmp_path / "farm.toml", name, state, slots=2, metrics_port=free_port(),
+                         rollout=G2_B1, timeouts={"shutdown_grace": grace})
     up = up_in_its_own_session(toml, *args)
     assert up.stdout is not None and f"farm {name} up: " in up.stdout.readline()
     client = RolloutClient.from_config(toml)
@@ -372,8 +370,8 @@ def test_up_with_its_metrics_port_in_use_stops_saying_so_with_exit_2(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        toml = write_farm(tmp_path / "farm.toml", "busy", tmp_path / "state", slots=2,
-                          metrics_port=port, rollout="group_size = 2\nbatch_size = 1")
+        toml = write_up_farm(tmp_path / "farm.toml", "busy", tmp_path / "state", slots=2,
+                             metrics_port=port, rollout={"group_size": 2, "batch_size": 1})
         done = cli("up", "-c", str(toml), timeout=180)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""  # never said to be up
@@ -389,10 +387,9 @@ def test_up_does_not_claim_a_farm_whose_worker_cannot_reach_its_replica(tmp_path
     what it waits for (the worker's own words: the URL and the last answer), and a
     Ctrl-C meanwhile stops it without a timeout's message."""
     url = f"http://127.0.0.1:{free_port()}"
-    toml = write_farm(tmp_path / "farm.toml", "dead", tmp_path / "state", slots=2,
-                      metrics_port=free_port(), rollout="group_size = 2\nbatch_size = 1")
-    toml.write_text(toml.read_text().replace("[engine]\n", f'[engine]\nkind = "sglang"\n'
-                                                          f'urls = ["{url}"]\n'))
+    toml = write_up_farm(tmp_path / "farm.toml", "dead", tmp_path / "state", slots=2,
+                         metrics_port=free_port(), rollout={"group_size": 2, "batch_size": 1},
+                         engine={"kind": "sglang", "urls": [url]})
     up = up_in_its_own_session(toml)
     assert up.stderr is not None
     line = up.stderr.readline()  # after 10 s

@@ -38,7 +38,7 @@ from queue_rollout import RolloutClient
 from queue_rollout.errors import ConfigError, EmbeddedRedisError, RedisUnavailable
 from queue_rollout.ledger.connection import connect, mask_url
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
-from testkit import farm_up, wait_for
+from testkit import farm_up, wait_for, write_farm
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 SPECIALS = ":@/#%?&="  # what a URL must percent-encode (and an ACL file takes as is)
@@ -176,17 +176,18 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredRedi
 # -- the farm ------------------------------------------------------------------------
 
 
-def write_farm(path: Path, name: str, url: str, ca_file: str = "", *,
-               state: Path | None = None, metrics_port: int = 0) -> Path:
-    state = state or path.parent / "state"
-    path.write_text(
-        f'[farm]\nname = "{name}"\nredis_url = "{url}"\nredis_ca_file = "{ca_file}"\n'
-        f'state_dir = "{state}"\n'
-        "[rollout]\ngroup_size = 2\nbatch_size = 2\nmax_concurrent_samples = 4\n"
-        "[engine]\nslots_per_replica = 2\nstep_ms = 0.5\nstep_ms_per_request = 0\n"
-        f"[metrics]\nport = {metrics_port or free_port()}\n"
-        "[timeouts]\nshutdown_grace = 2\nlease = 5\nleader_lease = 3\n")
-    return path
+def farm_at(path: Path, name: str, url: str, ca_file: str = "", *,
+            state: Path | None = None, metrics_port: int = 0,
+            engine: dict | None = None) -> Path:
+    """A farm config at *path* on the Redis at *url*; *engine* adds engine keys."""
+    return write_farm(
+        path, farm={"name": name, "redis_url": url, "redis_ca_file": ca_file,
+                    "state_dir": state or path.parent / "state"},
+        rollout={"group_size": 2, "batch_size": 2, "max_concurrent_samples": 4},
+        engine={"slots_per_replica": 2, "step_ms": 0.5, "step_ms_per_request": 0,
+                **(engine or {})},
+        metrics={"port": metrics_port or free_port()},
+        timeouts={"shutdown_grace": 2, "lease": 5, "leader_lease": 3})
 
 
 @pytest.mark.e2e
@@ -194,8 +195,8 @@ def test_up_on_a_tls_redis_announces_it_with_the_password_masked(
         tls_server: SecuredRedis, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """`up` with farm.redis_url set: its workers reach Redis through the up.toml it
     writes (CA file included), and its line shows the URL masked."""
-    toml = write_farm(tmp_path / "farm.toml", "upsec", tls_server.url, tls_server.ca_file)
-    toml.write_text(toml.read_text().replace("[engine]\n", "[engine]\nreplicas = 1\n"))
+    toml = farm_at(tmp_path / "farm.toml", "upsec", tls_server.url, tls_server.ca_file,
+                   engine={"replicas": 1})
     with farm_up(toml) as line:
         assert f"farm upsec up: redis {mask_url(tls_server.url)}, 1 workers" in line
     out, err = capfd.readouterr()  # the workers' and sim replicas' stderr
@@ -250,7 +251,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 def test_the_farm_runs_end_to_end_on_a_secured_redis_and_never_shows_the_password(
         secured: SecuredRedis, tmp_path: Path) -> None:
     metrics_port = free_port()
-    toml = write_farm(tmp_path / "farm.toml", "sec", secured.url, secured.ca_file,
+    toml = farm_at(tmp_path / "farm.toml", "sec", secured.url, secured.ca_file,
                       metrics_port=metrics_port)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"g{i}", "prompt": "x",
@@ -323,8 +324,8 @@ def test_a_wrong_or_missing_password_is_refused_with_the_url_masked(
         connect(bad_url, secured.ca_file)
     assert_refused(refused.value, wrong, "refused the login", mask_url(bad_url))
     with pytest.raises(RedisUnavailable) as refused:  # the trainer's way in
-        RolloutClient.from_config(write_farm(tmp_path / "wrong.toml", "sec", bad_url,
-                                             secured.ca_file))
+        RolloutClient.from_config(farm_at(tmp_path / "wrong.toml", "sec", bad_url,
+                                          secured.ca_file))
     assert_refused(refused.value, wrong, "refused the login")
 
     no_password = f"{bad_url.split(':')[0]}://127.0.0.1:{secured.port}/0"
@@ -343,7 +344,7 @@ def test_redis_unreachable_every_command_exits_4_with_the_url_masked(tmp_path: P
     secret = Secret.new()
     port = free_port()  # nothing listens there
     url = f"redis://rollout:{quote(secret.password, safe='')}@127.0.0.1:{port}/0"
-    toml = write_farm(tmp_path / "farm.toml", "gone", url)
+    toml = farm_at(tmp_path / "farm.toml", "gone", url)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "g0", "prompt": "x", "member_lengths": [1, 1]}\n')
     commands = {"status": ["status"], "doctor": ["doctor"], "submit": ["submit", str(prompts)],
@@ -379,7 +380,7 @@ def test_a_url_where_something_else_answers_exits_4_saying_so(tmp_path: Path) ->
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"redis://127.0.0.1:{server.server_address[1]}/0"
-        run = cli("status", "-c", str(write_farm(tmp_path / "farm.toml", "http", url)))
+        run = cli("status", "-c", str(farm_at(tmp_path / "farm.toml", "http", url)))
     finally:
         server.shutdown()
     assert run.returncode == 4, run.stderr
@@ -398,7 +399,7 @@ def test_a_bad_url_is_a_config_error_that_hides_the_password(
     with pytest.raises(ConfigError) as bad:
         connect(url)
     assert_refused(bad.value, secret, "farm.redis_url: bad Redis URL", ":***@")
-    run = cli("doctor", "-c", str(write_farm(tmp_path / "farm.toml", "bad", url)))
+    run = cli("doctor", "-c", str(farm_at(tmp_path / "farm.toml", "bad", url)))
     assert run.returncode == 2 and "bad Redis URL" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     secret.assert_absent(run.stdout + run.stderr, "doctor's output")
@@ -443,14 +444,14 @@ def test_tls_needs_the_servers_ca(tls_server: SecuredRedis, tmp_path: Path) -> N
             connect(tls_server.url, ca_file)
         assert_refused(refused.value, secret, f"TLS to Redis at {mask_url(tls_server.url)} "
                        "failed", "CERTIFICATE_VERIFY_FAILED", "farm.redis_ca_file")
-    run = cli("status", "-c", str(write_farm(tmp_path / "other.toml", "tls", tls_server.url,
-                                             str(other_ca))))
+    run = cli("status", "-c", str(farm_at(tmp_path / "other.toml", "tls", tls_server.url,
+                                          str(other_ca))))
     assert run.returncode == 4 and "CERTIFICATE_VERIFY_FAILED" in run.stderr, run.stderr
     secret.assert_absent(run.stdout + run.stderr, "status's output")
 
     missing = tmp_path / "no-such-ca.crt"
-    run = cli("status", "-c", str(write_farm(tmp_path / "missing.toml", "tls",
-                                             tls_server.url, str(missing))))
+    run = cli("status", "-c", str(farm_at(tmp_path / "missing.toml", "tls",
+                                          tls_server.url, str(missing))))
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == f"queue-rollout: farm.redis_ca_file: no such file: {missing}"
 

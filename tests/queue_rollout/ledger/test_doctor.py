@@ -6,15 +6,13 @@ import pytest
 
 from queue_rollout.cli.main import main
 from queue_rollout.ledger.doctor import examine, repair
-from testkit import trivial_prompts
+from testkit import trivial_prompts, write_farm
 
 
 @pytest.fixture
 def farm_toml(tmp_path, redis_url):
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "t"\nredis_url = "{redis_url}"\n'
-                    "[rollout]\ngroup_size = 2\nmax_concurrent_samples = 8\n")
-    return str(path)
+    return str(write_farm(tmp_path / "farm.toml", farm={"name": "t", "redis_url": redis_url},
+                          rollout={"group_size": 2, "max_concurrent_samples": 8}))
 
 
 def busy_ledger(make_ledger):
@@ -68,8 +66,8 @@ def test_doctor_finds_a_group_whose_done_count_disagrees_with_its_attempts(make_
 
 
 def test_doctor_without_redis_exits_4_and_hides_the_password(tmp_path, capsys):
-    path = tmp_path / "farm.toml"
-    path.write_text('[farm]\nredis_url = "redis://user:hunter2@127.0.0.1:1/0"\n')
+    path = write_farm(tmp_path / "farm.toml",
+                      farm={"redis_url": "redis://user:hunter2@127.0.0.1:1/0"})
     assert main(["doctor", "-c", str(path)]) == 4
     err = capsys.readouterr().err
     assert "redis://user:***@127.0.0.1:1/0" in err and "hunter2" not in err

@@ -20,7 +20,7 @@ from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all
-from testkit import wait_for
+from testkit import wait_for, write_farm
 
 pytestmark = pytest.mark.e2e
 
@@ -31,12 +31,12 @@ GROUPS = 24
 def test_the_farm_carries_on_across_a_redis_crash_and_restart(tmp_path: Path, appendfsync):
     server = EmbeddedRedis(tmp_path, write_url=False, appendfsync=appendfsync)
     url = server.start()
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "rr"\nredis_url = "{url}"\n'
-                    "[rollout]\ngroup_size = 4\nbatch_size = 2\nmax_concurrent_samples = 8\n"
-                    "max_staleness = 100\n[engine]\nslots_per_replica = 4\n"
-                    "[timeouts]\nshutdown_grace = 2\nlease = 3\ndoubt = 20\n"
-                    f"[metrics]\nport = {free_port()}\n")
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "rr", "redis_url": url},
+                      rollout={"group_size": 4, "batch_size": 2, "max_concurrent_samples": 8,
+                               "max_staleness": 100},
+                      engine={"slots_per_replica": 4},
+                      timeouts={"shutdown_grace": 2, "lease": 3, "doubt": 20},
+                      metrics={"port": free_port()})
     engines = [ThreadedSimEngine(slots=4, step_ms=2.0) for _ in range(2)]
     children = [Supervised(f"worker {i}", [cli_exe(), "worker", "--gpu", str(i), "--engine-url",
                                            e.url, "-c", str(toml)],

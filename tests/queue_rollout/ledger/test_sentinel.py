@@ -15,7 +15,7 @@ from queue_rollout.cli.main import main
 from queue_rollout.errors import ConfigError
 from queue_rollout.ledger.connection import SentinelTarget, parse_sentinel_url
 from queue_rollout.ledger.embedded import free_port
-from testkit import SentinelSet
+from testkit import SentinelSet, write_farm
 
 SECRET = "s3cr3t-sentinel"
 
@@ -28,10 +28,8 @@ def sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet]
 
 
 def _toml(tmp_path: Path, url: str, sentinel_password: str = SECRET) -> str:
-    path = tmp_path / "farm.toml"
-    path.write_text(f'[farm]\nname = "sn"\nredis_url = "{url}"\n'
-                    f'sentinel_password = "{sentinel_password}"\n')
-    return str(path)
+    return str(write_farm(tmp_path / "farm.toml", farm={
+        "name": "sn", "redis_url": url, "sentinel_password": sentinel_password}))
 
 
 def test_parse_sentinel_url() -> None:

@@ -10,17 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from queue_rollout.config import decode_config
+from queue_rollout.config import Config
 from queue_rollout.errors import ConfigError, SchemaMismatch
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.shape import SCHEMA, check_shape
 from queue_rollout.procs import cli_exe
+from testkit import farm_config, merged, write_farm
 
 
-def farm_toml(redis_url: str, extra: str = "", group_size: int = 4) -> str:
-    return (f'[farm]\nname = "s"\nredis_url = "{redis_url}"\n'
-            f"[rollout]\ngroup_size = {group_size}\nbatch_size = 2\n{extra}")
+def sections(redis_url: str, **changes: dict) -> dict:
+    """Farm s's config: G = 4, B = 2; *changes* change or add keys."""
+    return merged({"farm": {"name": "s", "redis_url": redis_url},
+                   "rollout": {"group_size": 4, "batch_size": 2}}, changes)
+
+
+def config(redis_url: str, **changes: dict) -> Config:
+    return farm_config(**sections(redis_url, **changes))
 
 
 def start_worker(path: Path) -> subprocess.CompletedProcess[str]:
@@ -32,42 +38,41 @@ def start_worker(path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_first_process_records_the_shape_and_a_match_passes(r, redis_url):
-    config = decode_config(farm_toml(redis_url))
-    Ledger.from_config(r, config)
+    Ledger.from_config(r, config(redis_url))
     record = json.loads(r.get(Keys("s").shape))
     assert record["schema"] == SCHEMA == 1
     assert record["shape"] == {"rollout.group_size": 4, "workflow.name": "controlled_length",
                                "workflow.seed": 0, "rollout.placement": "any"}
-    Ledger.from_config(r, decode_config(farm_toml(redis_url, "max_staleness = 5\n")))
+    Ledger.from_config(r, config(redis_url, rollout={"max_staleness": 5}))
     assert json.loads(r.get(Keys("s").shape)) == record  # not rewritten
 
 
-@pytest.mark.parametrize("toml, message", [
-    (farm_toml("URL", group_size=8),
+@pytest.mark.parametrize("changes, message", [
+    ({"rollout": {"group_size": 8}},
      "rollout.group_size = 8 here, 4 in the farm"),
-    (farm_toml("URL", '[workflow]\nname = "noop"\n'),
+    ({"workflow": {"name": "noop"}},
      'workflow.name = "noop" here, "controlled_length" in the farm'),
-    (farm_toml("URL", "[workflow]\nseed = 3\n"),
+    ({"workflow": {"seed": 3}},
      "workflow.seed = 3 here, 0 in the farm"),
-    (farm_toml("URL", 'placement = "group"\n'),
+    ({"rollout": {"placement": "group"}},
      'rollout.placement = "group" here, "any" in the farm'),
 ])
 def test_a_config_that_disagrees_is_refused_and_changes_nothing(r, redis_url, redis_snapshot,
-                                                                toml, message):
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+                                                                changes, message):
+    Ledger.from_config(r, config(redis_url))
     before = redis_snapshot()
     with pytest.raises(ConfigError) as err:
-        check_shape(r, decode_config(toml.replace("URL", redis_url)))
+        check_shape(r, config(redis_url, **changes))
     assert message in str(err.value) and "farm 's' runs another configuration" in str(err.value)
     assert redis_snapshot() == before
 
 
 def test_a_worker_with_another_group_size_is_refused_at_start(r, redis_url, redis_snapshot,
                                                                tmp_path: Path):
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     before = redis_snapshot()
     path = tmp_path / "worker.toml"
-    path.write_text(farm_toml(redis_url, group_size=2))
+    write_farm(path, **sections(redis_url, rollout={"group_size": 2}))
     done = start_worker(path)
     assert done.returncode == 2, done.stderr
     assert "rollout.group_size = 2 here, 4 in the farm" in done.stderr
@@ -77,22 +82,22 @@ def test_a_worker_with_another_group_size_is_refused_at_start(r, redis_url, redi
 def test_a_farm_recorded_before_placement_joined_the_shape_places_nothing(r, redis_url):
     """A shape record without ``rollout.placement`` (an earlier release wrote it) holds
     the default: a process that places groups is refused, one that does not passes."""
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     record = json.loads(r.get(Keys("s").shape))
     del record["shape"]["rollout.placement"]
     r.set(Keys("s").shape, json.dumps(record))
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     refusal = re.escape('rollout.placement = "group" here, "any" in the farm')
     with pytest.raises(ConfigError, match=refusal):
-        check_shape(r, decode_config(farm_toml(redis_url, 'placement = "group"\n')))
+        check_shape(r, config(redis_url, rollout={"placement": "group"}))
 
 
 def test_a_worker_that_places_otherwise_than_the_farm_is_refused_at_start(
         r, redis_url, redis_snapshot, tmp_path: Path):
-    Ledger.from_config(r, decode_config(farm_toml(redis_url, 'placement = "group"\n')))
+    Ledger.from_config(r, config(redis_url, rollout={"placement": "group"}))
     before = redis_snapshot()
     path = tmp_path / "worker.toml"
-    path.write_text(farm_toml(redis_url))
+    write_farm(path, **sections(redis_url))
     done = start_worker(path)
     assert done.returncode == 2, done.stderr
     assert 'rollout.placement = "any" here, "group" in the farm' in done.stderr
@@ -103,10 +108,10 @@ def test_a_worker_that_places_otherwise_than_the_farm_is_refused_at_start(
                                   ["consume", "--batches", "1", "--timeout", "1"]])
 def test_the_collector_node_and_trainer_commands_refuse_another_workflow(
         r, redis_url, redis_snapshot, tmp_path: Path, argv):
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     before = redis_snapshot()
     path = tmp_path / "other.toml"
-    path.write_text(farm_toml(redis_url, '[workflow]\nname = "noop"\n'))
+    write_farm(path, **sections(redis_url, workflow={"name": "noop"}))
     done = subprocess.run([cli_exe(), *argv, "-c", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2, done.stderr
@@ -116,17 +121,17 @@ def test_the_collector_node_and_trainer_commands_refuse_another_workflow(
 
 def test_a_ledger_of_another_schema_is_refused_and_changes_nothing(r, redis_url, redis_snapshot,
                                                                     tmp_path: Path):
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     record = json.loads(r.get(Keys("s").shape))
     r.set(Keys("s").shape, json.dumps({**record, "schema": SCHEMA + 1}))
     before = redis_snapshot()
     with pytest.raises(SchemaMismatch) as err:
-        Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+        Ledger.from_config(r, config(redis_url))
     assert err.value.exit_code == 2
     assert f"keeps its ledger in schema {SCHEMA + 1}" in str(err.value)
     assert "Drain the farm first" in str(err.value)
     path = tmp_path / "worker.toml"
-    path.write_text(farm_toml(redis_url))
+    write_farm(path, **sections(redis_url))
     done = start_worker(path)
     assert done.returncode == 2, done.stderr
     assert f"this queue-rollout reads and writes schema {SCHEMA}" in done.stderr
@@ -139,14 +144,14 @@ def test_a_ledger_of_another_schema_is_refused_and_changes_nothing(r, redis_url,
 def test_a_record_without_a_schema_gains_this_one_in_place(r, redis_url):
     """A release before the schema was recorded wrote this layout: a process that
     matches the rest of the record adds the schema, and changes nothing else."""
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     record = json.loads(r.get(Keys("s").shape))
     old = {k: v for k, v in record.items() if k != "schema"}
     r.set(Keys("s").shape, json.dumps(old))
     with pytest.raises(ConfigError):  # a process that disagrees writes nothing
-        Ledger.from_config(r, decode_config(farm_toml(redis_url, group_size=8)))
+        Ledger.from_config(r, config(redis_url, rollout={"group_size": 8}))
     assert json.loads(r.get(Keys("s").shape)) == old
-    Ledger.from_config(r, decode_config(farm_toml(redis_url)))
+    Ledger.from_config(r, config(redis_url))
     assert json.loads(r.get(Keys("s").shape)) == {**old, "schema": SCHEMA}
 
 

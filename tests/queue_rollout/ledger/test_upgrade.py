@@ -10,12 +10,12 @@ from pathlib import Path
 
 from ledgerdump import dump, load
 
-from queue_rollout.config import decode_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.shape import SCHEMA
+from testkit import G2_B1, farm_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ledger-37aa30b.json"
 
@@ -25,9 +25,8 @@ def test_a_ledger_written_by_the_release_before_runs_on_in_place(r, redis_url):
     keys = Keys("upgrade")
     old = json.loads(r.get(keys.shape))
     assert "schema" not in old  # as that release wrote it
-    config = decode_config(
-        f'[farm]\nname = "upgrade"\nredis_url = "{redis_url}"\n[rollout]\ngroup_size = 2\n'
-        "batch_size = 1\nmax_concurrent_samples = 8\nmax_staleness = 2\n")
+    config = farm_config(farm={"name": "upgrade", "redis_url": redis_url},
+                         rollout={**G2_B1, "max_staleness": 2})
     now = [1_800_000_100.0]
     ledger = Ledger.from_config(r, config, clock=lambda: now[0])
     assert json.loads(r.get(keys.shape)) == {**old, "schema": SCHEMA}

@@ -12,6 +12,7 @@ from queue_rollout.lab.bench.redis_load import (
     run_redis_load_bench,
 )
 from queue_rollout.lab.redis_info import Sample, Window
+from testkit import write_farm
 
 
 def window(seconds: float, cpu_s: float, **calls: int) -> Window:
@@ -104,8 +105,7 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
 def test_fewer_replicas_than_every_change_waits_for_is_refused(tmp_path, capsys):
     from queue_rollout.cli.main import main
 
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nstate_dir = "{tmp_path}"\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"state_dir": tmp_path})
     assert main(["bench", "--profile", "redis-load", "--replicas", "0", "--wait-replicas", "1",
                  "-c", str(toml)]) == 2
     assert "--replicas 0: fewer than the --wait-replicas 1" in capsys.readouterr().err

@@ -17,8 +17,7 @@ from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.group_shapes import recorded_shapes
 from queue_rollout.ledger.keys import Keys
-from testkit import farm_up, wait_for
-from testkit import write_up_farm as write_farm
+from testkit import farm_up, wait_for, write_farm, write_up_farm
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent)) or "queue-rollout"
 
@@ -29,10 +28,10 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.e2e
 def test_the_shapes_a_farm_recorded_are_its_prompts(tmp_path: Path) -> None:
-    toml = write_farm(tmp_path / "farm.toml", "shapes", tmp_path / "state", slots=8,
-                      metrics_port=free_port(),
-                      rollout=f"group_size = {GROUP}\nbatch_size = 2\n"
-                              "max_concurrent_samples = 16\nmax_staleness = 100")
+    toml = write_up_farm(tmp_path / "farm.toml", "shapes", tmp_path / "state", slots=8,
+                         metrics_port=free_port(),
+                         rollout={"group_size": GROUP, "batch_size": 2,
+                                  "max_concurrent_samples": 16, "max_staleness": 100})
     prompts = demo_prompts(8)
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
@@ -75,8 +74,7 @@ def test_the_shapes_a_farm_recorded_are_its_prompts(tmp_path: Path) -> None:
 
 
 def test_a_farm_with_no_shapes_yet_is_refused(tmp_path: Path, redis_url: str) -> None:
-    toml = tmp_path / "farm.toml"
-    toml.write_text(f'[farm]\nname = "empty"\nredis_url = "{redis_url}"\n')
+    toml = write_farm(tmp_path / "farm.toml", farm={"name": "empty", "redis_url": redis_url})
     done = cli("plan", "--from-farm", "-c", str(toml))
     assert done.returncode == 2
     assert "farm empty: no group shapes kept yet" in done.stderr
