@@ -3,11 +3,11 @@ pause aborted goes on.
 
 An episode of fixed turns (a member of the ``controlled_turns`` workflow, every
 episode of the virtual farm) is a list of :class:`Turn`: each generates exactly
-``gen`` tokens from the whole context so far, then a tool holds the episode's slot
-``tool_s`` seconds while nothing generates, and its ``tool_tokens`` of output join the
-context the next turn sends. :func:`steps` writes that sequence once, as
-:class:`ModelCall` and :class:`ToolCall` steps. The worker's workflow runs each step through
-its episode context, blocking until it is done; the virtual farm schedules the same
+``gen`` tokens from the whole context so far; then its tool's ``tool_tokens`` of output
+join the context the next turn sends, and the tool holds the episode's slot ``tool_s``
+seconds while nothing generates. :func:`steps` writes that sequence once, as
+:class:`ModelCall` and :class:`ToolCall` steps. The worker's workflow takes each step
+through its episode context, blocking until it is done; the virtual farm takes the same
 steps as events in virtual time.
 
 With ``engine.pause_mode = "abort"`` a pause aborts each running generation; after the
