@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import math
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -504,9 +505,11 @@ def _json(body: bytes) -> dict[str, Any]:
 def run_sim_engine(*, host: str, port: int, slots: int, step_ms: float,
                    step_ms_per_request: float, request_log: Path | None = None,
                    boot_id: str | None = None, **kv: Any) -> None:
-    """Serve one simulated replica until interrupted (``queue-rollout sim-engine``);
-    *kv*: the model's prefill and KV settings (``prefill_tokens_per_s``,
-    ``chunked_prefill_size``, ``max_total_tokens``)."""
+    """Serve one simulated replica until SIGINT or SIGTERM (``queue-rollout
+    sim-engine``), then close and return; *kv*: the model's prefill and KV settings
+    (``prefill_tokens_per_s``, ``chunked_prefill_size``, ``max_total_tokens``). The
+    handlers are its own: a process started with SIGINT ignored (a background job of a
+    script) stops on Ctrl-C all the same."""
 
     async def main() -> None:
         model = SimModel(slots=slots, step_ms=step_ms, step_ms_per_request=step_ms_per_request,
@@ -515,15 +518,19 @@ def run_sim_engine(*, host: str, port: int, slots: int, step_ms: float,
         if boot_id:
             server.boot_id = boot_id
         await server.start()
+        serving = asyncio.ensure_future(server.serve_forever())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, serving.cancel)
         print(f"sim engine listening on http://{host}:{server.port} (boot {server.boot_id})",
               flush=True)
         try:
-            await server.serve_forever()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
         finally:
             await server.close()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    asyncio.run(main())
 
 
 class ThreadedSimEngine:

@@ -229,7 +229,7 @@ class Procs:
         return wait_for(seen, timeout, f"{name}: {pattern}")
 
     def stop(self) -> dict[str, int]:
-        """Ctrl-C to each, as an operator would (the sim engine ends on it, not SIGTERM)."""
+        """Ctrl-C to each, as an operator would (each ends on it)."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -193,6 +195,27 @@ def test_the_sim_engine_command_serves_on_loopback(tmp_path):
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_sim_engine_command_stops_on_ctrl_c_or_sigterm_even_started_with_sigint_ignored(
+        sig):
+    """A background job of a script starts with SIGINT ignored, and Python then raises
+    no KeyboardInterrupt: the command's own handlers stop it, closed, exit 0."""
+    from queue_rollout.ledger.embedded import free_port
+    from queue_rollout.procs import cli_exe
+
+    ignoring = 'trap "" INT; exec "$0" sim-engine --port "$1"'  # as `cmd &` in a script
+    proc = subprocess.Popen(["sh", "-c", ignoring, cli_exe(), str(free_port())],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "listening on" in proc.stdout.readline()
+        proc.send_signal(sig)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_metrics_use_sglang_gauge_names(slow_replica):
