@@ -44,27 +44,35 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
-    """A real SGLang server on this machine's CPU with the tiny model of seed 0, shared by
-    the session's real-engine tests. Without SGLang the tests skip saying how to install
-    it; in CI (``CI=true``) that is a failure. After the session the ``sgl_kernel``
-    stand-in's call file must be empty."""
-    python = _sglang_or_skip()
-    server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang"),
-                        other_weights=model(python, seed=1))
-    with server.serving():
-        yield server
+@pytest.fixture
+def real_sglang(replicas: list[FaultServer]) -> FaultServer:
+    """A real SGLang server on this machine's CPU serving the tiny model of seed 0: the
+    first of the session's two shared replicas, serving, resumed and on its own weights
+    (a test that changes them leaves them to the next one's restore). Without SGLang the
+    tests skip saying how to install it; in CI (``CI=true``) that is a failure."""
+    return replicas[0]
 
 
 @pytest.fixture(scope="session")
-def real_sglang_small_kv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
-    """A real SGLang server whose KV pool holds 2,048 tokens (the tiny model of seed 0)."""
+def other_weights_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """A real SGLang server started with the other weights (the tiny model of seed 1) and
+    a KV pool of 2,048 tokens. Its greedy output (:func:`testkit.greedy`), taken first
+    thing, is the reference a server that loaded those weights by a weight update must
+    match; its small pool makes long requests queue. After the session the
+    ``sgl_kernel`` stand-in's call file must be empty."""
     python = _sglang_or_skip()
-    server = RealServer(python, model(python, seed=0), tmp_path_factory.mktemp("sglang-kv"),
+    server = RealServer(python, model(python, seed=1), tmp_path_factory.mktemp("sglang-s1"),
                         max_total_tokens=2048)
     with server.serving():
+        server.reference = greedy(SGLangClient(server.url, timeout=120), "reference").output_ids
         yield server
+
+
+@pytest.fixture
+def real_sglang_small_kv(other_weights_server: RealServer) -> RealServer:
+    """A real SGLang server whose KV pool holds 2,048 tokens (:func:`other_weights_server`:
+    the model it serves does not matter there)."""
+    return other_weights_server
 
 
 @dataclass
@@ -89,15 +97,13 @@ def replica(request: pytest.FixtureRequest) -> Iterator[Replica]:
                       request.getfixturevalue("other_weights_greedy"))
 
 
-@pytest.fixture(scope="session")
-def other_weights_greedy(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
+@pytest.fixture
+def other_weights_greedy(other_weights_server: RealServer) -> list[int]:
     """The greedy output (:func:`testkit.greedy`) of the weights a weight update loads
-    (seed 1), from a server freshly started with them: the reference a server whose
-    weights were updated must match."""
-    python = _sglang_or_skip()
-    server = RealServer(python, model(python, seed=1), tmp_path_factory.mktemp("sglang-ref"))
-    with server.serving():
-        return greedy(SGLangClient(server.url, timeout=120), "reference").output_ids
+    (seed 1), from a server started with them: the reference a server whose weights
+    were updated must match."""
+    assert other_weights_server.reference is not None
+    return other_weights_server.reference
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,9 @@ RLVRWorkflow makes of the same episodes.
 
 ``QUEUE_ROLLOUT_AREAL_MODES`` names the admission modes to run (``sample`` by default: the
 tier's run; ``sample,group`` for both), ``QUEUE_ROLLOUT_AREAL_STEPS`` the steps of each
-run (20 by default); ``QUEUE_ROLLOUT_AREAL_OUT``, a folder, keeps each run's report there
-as ``areal-MODE.json``."""
+run (4 by default: the loop, not learning, which the documented runs measure);
+``QUEUE_ROLLOUT_AREAL_OUT``, a folder, keeps each run's report there as
+``areal-MODE.json``."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from real_engine.server import find_areal_python, model
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = int(os.environ.get("QUEUE_ROLLOUT_AREAL_STEPS", "20"))
+STEPS = int(os.environ.get("QUEUE_ROLLOUT_AREAL_STEPS", "4"))
 MODES = os.environ.get("QUEUE_ROLLOUT_AREAL_MODES", "sample").split(",")
 G, B = 16, 4
 

@@ -7,9 +7,13 @@ the checkpoint each token's version names, and the staleness budget held.
 
 ``QUEUE_ROLLOUT_GRPO_MODES`` names the admission modes to run (``sample`` by default:
 the tier's run; ``sample,group`` for both), ``QUEUE_ROLLOUT_GRPO_STEPS`` the steps of
-each run (80 by default); ``QUEUE_ROLLOUT_GRPO_OUT``, a folder, keeps each run's report
-there as ``grpo-MODE.json`` (without the per-sample lists), as the documented runs were
-made."""
+each run; ``QUEUE_ROLLOUT_GRPO_OUT``, a folder, keeps each run's report there as
+``grpo-MODE.json`` (without the per-sample lists), as the documented runs were made.
+
+The tier runs 4 steps: enough for the loop (versions loaded before the next rollouts,
+logprobs against their checkpoints, masks, whole groups, the budget), not to learn.
+With :data:`LEARNS_BY` steps or more the run must also learn: the greedy evaluation
+rises by 0.3 (the documented runs, 80 and 100 steps, in Benchmarks)."""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from real_engine.server import model
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = int(os.environ.get("QUEUE_ROLLOUT_GRPO_STEPS", "80"))
+STEPS = int(os.environ.get("QUEUE_ROLLOUT_GRPO_STEPS", "4"))
+LEARNS_BY = 40  # steps after which the evaluation must have risen
 MODES = os.environ.get("QUEUE_ROLLOUT_GRPO_MODES", "sample").split(",")
 G, B, MAX_STALENESS = 16, 4, 1  # 64 episodes a step on 16 slots
 
@@ -71,7 +76,9 @@ def test_grpo_learns_through_the_farm_on_real_replicas(
     assert all(k + 1 <= (v - v0 + MAX_STALENESS + 1) * B for k, v in enumerate(admitted))
     # learning: greedy on 64 held-out prompts, where a policy ignoring the key scores 1/8
     assert report["eval_before"] <= 0.2
-    assert report["eval_after"] >= report["eval_before"] + 0.3, report["eval_after"]
+    print(f"greedy eval {report['eval_before']} -> {report['eval_after']}")
+    if STEPS >= LEARNS_BY:
+        assert report["eval_after"] >= report["eval_before"] + 0.3, report["eval_after"]
     # the versions are the checkpoints': the trainer's own forward pass (float32) agrees
     # with the replicas' logprobs (bf16), and not with the checkpoint after
     assert report["logprob_diff"] < 0.05

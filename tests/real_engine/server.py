@@ -93,6 +93,7 @@ class RealServer:
                         [str(STAND_IN), *filter(None, [os.environ.get("PYTHONPATH")])]),
                     STAND_IN_LOG_ENV: str(self.stand_in_log)}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.reference: list[int] | None = None  # a greedy output a test took, to compare
 
     def start(self, timeout: float = 300.0, tries: int = 3) -> None:
         """Start on a free port and wait until ``/health`` answers. A port taken between

@@ -130,7 +130,8 @@ class RealReplica:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, config: Config, timeout: float = 600.0) -> None:
+    def launch(self, config: Config) -> None:
+        """Started on a free port, pinned to its core; :meth:`wait_healthy` waits for it."""
         self.port = free_port()
         argv = ["taskset", "-c", str(self.core),
                 *replica_argv(config, self.core, self.port, "bench")]
@@ -138,6 +139,9 @@ class RealReplica:
         with self.log_path.open("ab") as log:
             # a session of its own: stop() ends the scheduler and detokenizer with it
             self.proc = spawn(argv, env=env, stdout=log, stderr=log, start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 600.0) -> None:
+        assert self.proc is not None, "launch() first"
         client = SGLangClient(self.url, timeout=5)
         deadline = time.monotonic() + timeout
         while not client.healthy(timeout=5):
@@ -202,9 +206,13 @@ class RealBench(Bench):
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.replicas = [RealReplica(core, self.workdir / f"sglang-core{core}.log")
                          for core in self.cores[: self.shape.replicas]]
+        # at once: each starts on its own core
+        self.progress("real-sglang: starting SGLang on cores "
+                      + ", ".join(str(r.core) for r in self.replicas))
         for replica in self.replicas:
-            self.progress(f"real-sglang: starting SGLang on core {replica.core}")
-            replica.start(self.config)
+            replica.launch(self.config)
+        for replica in self.replicas:
+            replica.wait_healthy()
         self.engine_urls = [r.url for r in self.replicas]
         self.prefill_tokens_per_s = statistics.median(
             prefill_rate(SGLangClient(r.url, timeout=120)) for r in self.replicas)

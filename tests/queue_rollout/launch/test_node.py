@@ -1,6 +1,6 @@
 """`queue-rollout node --gpus ...`: a replica and a worker per GPU, boot ids, restarts,
-clean shutdown; with simulated replicas, with a stand-in for SGLang's launcher, and with
-a real SGLang server on this machine's CPU (``pytest -m sglang``)."""
+clean shutdown; with simulated replicas and with a stand-in for SGLang's launcher. A real
+SGLang replica under node, SIGKILLed with episodes on it, is in ``tests/test_real_faults.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from real_engine import server as tier
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.collector.loop import Collector
@@ -302,71 +301,6 @@ def test_node_refuses_replicas_that_cannot_start_before_starting_anything(
     assert proc.returncode == 2
     assert refusal in proc.stderr
     assert not (tmp_path / "state" / "node").exists()  # nothing started
-
-
-def replica_pid(node: subprocess.Popen, port: int) -> int:
-    """The SGLang server node started on *port* (its child; SGLang's own are below it)."""
-    pids = [pid for pid in pids_with("sglang.launch_server", f"--port {port} ")
-            if pid in process_tree(node.pid)]
-    assert len(pids) == 1, pids
-    return pids[0]
-
-
-@pytest.mark.sglang
-@pytest.mark.timeout(600)
-def test_node_runs_a_real_cpu_sglang_replica_restarts_it_after_sigkill_and_stops(
-        tmp_path, redis_url, r, sglang_interpreter):
-    """A real SGLang server on this CPU: healthy, its worker registered against its boot
-    and watching it without a false outage; SIGKILLed, it is restarted under a new boot
-    id (its own processes gone with it) and its worker with it; SIGTERM stops node with
-    nothing of SGLang left behind, and the sgl_kernel stand-in was never called."""
-    python = sglang_interpreter
-    args = [*tier.CPU_ARGS, "--max-total-tokens", "16384"]
-    toml = node_farm(tmp_path, redis_url, engine={
-        "kind": "sglang", "python": python, "model_path": tier.model(python, seed=0),
-        "deterministic": False, "sglang_args": args})
-    port = load_config(toml).engine.base_port
-    calls = tmp_path / "sgl_kernel_calls.jsonl"
-    env = {**os.environ, tier.STAND_IN_LOG_ENV: str(calls), "PYTHONPATH": os.pathsep.join(
-        [str(tier.STAND_IN), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.pop(SGLANG_PYTHON_ENV, None)  # engine.python names it
-    node_log = (tmp_path / "node.log").open("w")
-    began = time.monotonic()
-    node = start_node(toml, "0", env, stderr=node_log)
-    tree: set[int] = set()
-    try:
-        first = wait_for(lambda: registered(r).get(0), 240, "the first boot's worker")
-        healthy_s = time.monotonic() - began
-        assert first == boots(tmp_path)[-1]["boot_id"]
-        time.sleep(5)  # five of the worker's looks at its replica
-        worker_log = tmp_path / "state" / "node" / "worker-gpu0.log"
-        assert "unreachable" not in worker_log.read_text()
-        victim = replica_pid(node, port)
-        its_processes = process_tree(victim)
-        assert len(its_processes) >= 3  # the server, its scheduler and its detokenizer
-        killed = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
-        second = wait_for(lambda: (registered(r).get(0) or first) != first
-                          and registered(r)[0], 240, "a worker against a new boot")
-        restart_s = time.monotonic() - killed
-        assert second in [b["boot_id"] for b in boots(tmp_path)[1:]]
-        assert alive(its_processes) == set()  # SGLang's own processes died with it
-        tree = process_tree(node.pid)
-        print(f"healthy after {healthy_s:.0f} s; again {restart_s:.0f} s after the SIGKILL")
-    finally:
-        tree |= process_tree(node.pid)
-        node.send_signal(signal.SIGTERM)
-        try:
-            code = node.wait(120)
-        finally:
-            for pid in alive(tree - {node.pid}):  # should there be any: not left running
-                os.kill(pid, signal.SIGKILL)
-            node_log.close()
-    assert code == 0, (tmp_path / "node.log").read_text()[-3000:]
-    assert alive(tree) == set()
-    assert pids_with("sglang.launch_server", f"--port {port} ") == []
-    assert r.hlen(Keys("nd").workers) == 0
-    assert not calls.exists() or calls.read_text() == "", calls.read_text()
 
 
 def test_a_replica_port_in_use_is_refused_naming_engine_base_port_before_anything_starts(
