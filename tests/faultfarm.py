@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from real_engine.server import RealServer
+from rq import Worker
+from rq.serializers import JSONSerializer
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.engines.sglang import EngineError, SGLangClient
@@ -42,7 +44,7 @@ from queue_rollout.errors import BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import metric_sum, process_tree, write_farm
+from testkit import metric_sum, process_tree, wait_for, write_farm
 
 #: SGLang's own request log, one JSON object a request received or finished.
 REQUEST_LOG_ARGS = ["--log-requests", "--log-requests-level", "1",
@@ -311,8 +313,12 @@ def admission(mode: str, group_size: int, groups_at_once: int) -> dict[str, int]
     return {"max_concurrent_samples": groups_at_once * group_size - 1}
 
 
+#: Episode slots per replica in a fault farm.
+SLOTS = 8
+
+
 def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: str,
-              group_size: int = 4, slots: int = 8, groups_at_once: int = 4, lease: int = 3,
+              group_size: int = 4, slots: int = SLOTS, groups_at_once: int = 4, lease: int = 3,
               request: int = 600, max_attempts: int = 3, max_failed_members: int = 0,
               pause_mode: str = "in_place", engine_extra: Mapping[str, Any] | None = None,
               batch_size: int = 1, max_staleness: int = 1000,
@@ -364,7 +370,15 @@ class UpFarm:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert f"farm {self.name} up" in line, (line, self.log_tail())
-        return RolloutClient.from_config(self.toml)
+        client = RolloutClient.from_config(self.toml)
+        # `up` is up once its workers have registered; their episode processes may still
+        # be starting. A test that needs episodes on every replica at once submits when
+        # every slot listens, so no replica's short episodes end before the other starts.
+        slots = len(self.urls) * self.settings.get("slots", SLOTS)
+        wait_for(lambda: len(Worker.all(connection=client.ledger.client,
+                                        serializer=JSONSerializer)) >= slots,
+                 120, f"{slots} episode slots listening", every=0.2)
+        return client
 
     def log_tail(self, lines: int = 40) -> str:
         """The last *lines* of `up`'s own output and of each log its children write

@@ -583,17 +583,18 @@ def _cmd(pid: int) -> str:
         return ""
 
 
+@pytest.mark.parametrize("mode", modes("group"))
 def test_a_replica_killed_under_node_comes_back_under_a_new_boot_and_settles_its_doubt(
-        tmp_path: Path, sglang_interpreter: str) -> None:
-    """`node --gpus 0` launches a real replica and its worker, a collector beside it
-    (group admission: sample refill meets a dead replica under `up`). The worker
+        tmp_path: Path, sglang_interpreter: str, mode: str) -> None:
+    """`node --gpus 0` launches a real replica and its worker, a collector beside it (in
+    the tier, group admission: sample refill meets a dead replica under `up`). The worker
     registers against the replica's boot and its watch sees no outage. With episodes on
     it, the replica's whole process tree is SIGKILLed: node starts it again under a new
     boot id and restarts its worker, which settles the old boot's attempts at once
     (``replica_restart``); every group comes whole, exactly once. SIGTERM then stops
-    node: nothing of SGLang left, its worker deregistered, the ``sgl_kernel`` stand-in
-    never called."""
-    mode, gpu = "group", 0
+    node: nothing it started left running, its worker deregistered, the ``sgl_kernel``
+    stand-in never called."""
+    gpu = 0
     python = sglang_interpreter
     redis = EmbeddedRedis(tmp_path / "redis", appendfsync="always", write_url=False)
     url = redis.start()
@@ -677,8 +678,7 @@ def test_a_replica_killed_under_node_comes_back_under_a_new_boot_and_settles_its
             node_log.close()
     try:
         assert code == 0, (tmp_path / "node.log").read_text()[-3000:]
-        assert not [pid for pid in alive(tree) if "sglang" in _cmd(pid)], \
-            "SGLang processes left behind"
+        assert alive(tree) == set(), [_cmd(pid) for pid in alive(tree)]  # nothing left
         assert not [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                     if "sglang.launch_server" in (cmd := _cmd(pid)) and f"--port {port} " in cmd]
         assert _registered(client) == {}  # its worker deregistered on the way out
