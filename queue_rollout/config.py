@@ -144,6 +144,17 @@ class TimeoutsConfig(_Section):
     #: its groups go to the next consumer that takes a batch, and a late ack of it is
     #: refused. 0: never.
     batch_ack: NonNegInt = 0
+    #: Seconds a process's clock may differ from the Redis server's (checked when it
+    #: registers and at every heartbeat; beyond it, the process refuses work). Unset:
+    #: lease / 3, the most the lease arithmetic tolerates (two processes then differ by
+    #: at most 2 * lease / 3, and a lease renewed every lease / 3 still never expires
+    #: early). At most lease / 3.
+    clock_skew: NonNegFloat | None = None
+
+    @property
+    def skew_tolerance(self) -> float:
+        """``clock_skew``, or lease / 3 when it is unset."""
+        return self.lease / 3 if self.clock_skew is None else self.clock_skew
 
 
 class AcceptanceConfig(_Section):
@@ -357,6 +368,14 @@ def _check(config: Config, source: str) -> Config:
         raise ConfigError(
             f"{source}: engine.min_slots_per_replica: {e.min_slots_per_replica} is above "
             f"engine.slots_per_replica = {e.slots_per_replica}, the highest limit"
+        )
+    t = config.timeouts
+    if t.clock_skew is not None and t.clock_skew > t.lease / 3:
+        raise ConfigError(
+            f"{source}: timeouts.clock_skew: {t.clock_skew:g} s is more than lease / 3 = "
+            f"{t.lease / 3:g} s (timeouts.lease = {t.lease}): two clocks that far from "
+            "Redis's could expire a lease that is being renewed; raise timeouts.lease or "
+            "set the clocks right"
         )
     r = config.rollout
     if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:

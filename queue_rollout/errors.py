@@ -73,6 +73,13 @@ class LedgerError(QueueRolloutError):
     exit_code = 1
 
 
+class ClockSkewed(QueueRolloutError):
+    """This process's clock is further from the Redis server's than
+    ``timeouts.clock_skew``: it refuses work (the message names both clocks)."""
+
+    exit_code = 2
+
+
 class EmbeddedRedisError(QueueRolloutError):
     """The embedded redis-server could not be found or started."""
 

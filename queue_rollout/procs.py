@@ -2,11 +2,13 @@
 kept running when supervised.
 
 Every process the package starts goes through :func:`spawn`. On Linux the child asks
-the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so a launcher killed
-with SIGKILL takes its whole tree with it: each child stops as on SIGTERM and, doing
-so, stops its own children. The signal fires when the *thread* that started the child
-ends, so children are started from a thread that lives as long as they should: the
-launchers' main loops.
+the kernel for a signal when its parent dies (``PR_SET_PDEATHSIG``): SIGTERM, so that a
+launcher killed with SIGKILL takes its whole tree with it, each child stopping as on
+SIGTERM and, doing so, stopping its own children (a worker that finds itself orphaned
+stops at once rather than waiting out its grace); SIGKILL for a child with nothing to
+tidy (an episode process: what it ran is redone as after a crash). The signal fires when
+the *thread* that started the child ends, so children are started from a thread that
+lives as long as they should: the launchers' main loops.
 """
 
 from __future__ import annotations
@@ -43,28 +45,79 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
-def die_with_parent(parent: int) -> bool:
-    """Ask for SIGTERM when the parent dies; False if *parent* (the pid that started
+def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> bool:
+    """Ask for *signum* when the parent dies; False if *parent* (the pid that started
     this process) is already gone, having died before the request was made."""
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        _PRCTL(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     return os.getppid() == parent
 
 
-def _exit_unless_parent(parent: int) -> None:
+def _exit_unless_parent(parent: int, signum: int) -> None:
     """In the child between fork and exec: never start the program for a dead parent."""
-    if not die_with_parent(parent):
+    if not die_with_parent(parent, signum):
         os._exit(1)
 
 
-def spawn(argv: list[str], **popen: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen(argv, **popen)`` for a child that dies with this process (and
-    with the thread that calls this: see the module's text)."""
+def spawn(argv: list[str], *, death_signal: int = signal.SIGTERM,
+          **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **popen)`` for a child that gets *death_signal* when this
+    process dies (or the thread that calls this: see the module's text)."""
     parent = os.getpid()
     # preexec_fn with threads about: the function takes no lock (one system call
     # through a pointer resolved at import, getppid, _exit)
-    return subprocess.Popen(argv, preexec_fn=lambda: _exit_unless_parent(parent),  # noqa: PLW1509
+    return subprocess.Popen(argv, preexec_fn=lambda: _exit_unless_parent(parent, death_signal),  # noqa: PLW1509
                             **popen)
+
+
+def orphaned(parent: int) -> bool:
+    """This process's parent is no longer *parent* (the one that started it died)."""
+    return os.getppid() != parent
+
+
+def start_time(pid: int) -> int | None:
+    """When process *pid* started, in clock ticks since the machine booted (``stat``'s
+    22nd field): with the pid, it names one process across pid reuse. None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of process *pid* (None if gone)."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP *port* of this machine, as far as ``/proc`` tells this user:
+    ``pid 123 (redis-server *:6400)``, or "" when it cannot tell."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if (len(fields) > 9 and fields[3] == "0A"  # LISTEN
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port):
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return ""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                return f"pid {pid} ({cmd.decode(errors='replace').strip()[:120]})"
+        except OSError:
+            continue
+    return ""
 
 
 def cli_exe() -> str:
@@ -165,6 +218,7 @@ class Supervised:
     new_session: bool = False
     exits: int = 0  # how often it exited, in all
     last_exit: int | None = None  # its last exit status
+    death_signal: int = signal.SIGTERM  # what it gets when its launcher dies
 
     def keep(self) -> None:
         now = self.clock()
@@ -193,10 +247,12 @@ class Supervised:
                 self.before_start(self)
             if self.log_path is None:
                 self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL,
-                                  start_new_session=self.new_session)
+                                  start_new_session=self.new_session,
+                                  death_signal=self.death_signal)
             else:
                 with self.log_path.open("ab") as log_file:
                     self.proc = spawn(self.argv, env=self.env, stdout=subprocess.DEVNULL,
-                                      stderr=log_file, start_new_session=self.new_session)
+                                      stderr=log_file, start_new_session=self.new_session,
+                                      death_signal=self.death_signal)
             self.started_at = now
             log.info("%s started (pid %d)", self.name, self.proc.pid)

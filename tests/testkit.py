@@ -23,6 +23,7 @@ import redis
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
 from queue_rollout.engines.sglang import Generation, SGLangClient
+from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 from queue_rollout.results import EpisodeResult, encode_result
@@ -471,3 +472,64 @@ def finish_all(client: RolloutClient,
                                version_runs=list(versions), finish_reason="length",
                                reward=float(a.member), tool_ids=[])
         ledger.finish(aid, a.member, encode_result(result), output_tokens=3)
+
+
+#: A hard restart's groups: four members of 3,000 tokens each, long enough to be running
+#: when their launcher is killed.
+RESTART_LENGTHS = [3000] * 4
+
+
+def ride_through_a_hard_restart(toml: Path, kill: Callable[[], set[int]],
+                                restart: Callable[[], object], *, groups: int = 8,
+                                running: int = 16) -> dict[str, Any]:
+    """A trainer rides through a hard restart of its farm's launcher: *groups* groups of
+    :data:`RESTART_LENGTHS` are submitted; once *running* episodes run, a trainer thread
+    starts taking (and acknowledging) every batch, *kill* SIGKILLs the launcher and
+    returns the pids of its tree, and *restart* starts it again and returns once it is
+    up. Asserts that none of the old tree was left when the new launcher came up, that
+    the trainer (the same client) got every group once with every length exact, that
+    every attempt of the old run was retried as its replica's restart and none for
+    another cause, and that the ledger is clean. Returns the counters and how long the
+    settling took after the restart."""
+    trainer = RolloutClient.from_config(toml)
+    ids = [f"h{i}" for i in range(groups)]
+    trainer.submit({"id": gid, "prompt": "x", "member_lengths": RESTART_LENGTHS} for gid in ids)
+    wait_for(lambda: trainer.ledger.counters().get("running", 0) == running, 60,
+             f"{running} episodes running")
+    got: list[tuple[str, list[int]]] = []
+    failed: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            for _ in ids:  # batches of one group
+                batch = trainer.get_batch(timeout=240)
+                got.extend((g.id, [len(m.output_ids) for m in g.members]) for g in batch.groups)
+                trainer.ack(batch)
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    old = kill()
+    restart()
+    assert alive(old) == set(), f"the old run's {sorted(alive(old))} outlived the restart"
+    back = time.monotonic()
+    watch = RolloutClient.from_config(toml)
+    settled = wait_for(lambda: (c := watch.ledger.counters()).get(
+        "retries:replica_restart", 0) >= running and c, 240,
+        "the old run's attempts settled as their replicas' restart")
+    settle_s = time.monotonic() - back
+    thread.join(240)
+    assert not thread.is_alive(), "the trainer got no batch after the restart"
+    assert not failed, failed
+    assert sorted(gid for gid, _ in got) == ids  # every group, once
+    assert all(lengths == RESTART_LENGTHS for _, lengths in got), got
+    counters = watch.ledger.counters()
+    retries = {k: v for k, v in counters.items() if k.startswith("retries:") and v}
+    assert retries == {"retries:replica_restart": running}, retries
+    assert counters.get("reserved", 0) == 0 and counters.get("doubtful", 0) == 0, counters
+    led = watch.ledger
+    assert examine(led.client, led.keys, led.rollout.batch_size).ok
+    print(f"\nthe old run's {running} attempts settled {settle_s:.1f} s after the restart "
+          f"({settled.get('retries:replica_restart')} retried as replica_restart)", flush=True)
+    return {"counters": counters, "settle_s": settle_s}

@@ -13,9 +13,13 @@ is retried with the same seed. An attempt of the current boot doubtful for less 
 (``progress`` revives it); one of an earlier boot is settled at once, since its request
 died with that boot (a late result of it is refused as superseded).
 
-An attempt is this worker's to settle when this worker started it on this replica: a
-replica's URL alone is not enough, since every host's replicas listen on the same
-loopback ports (the worker id names the host and GPU).
+A replica is identified by what it serves, its host and GPU slot (the worker id names
+both), and by its boot id, not by its URL: every host's replicas listen on the same
+loopback ports, and a launcher restarted after a hard stop may bring a replica back on
+another port. So an attempt is this worker's to settle when this worker's id started
+it; a changed boot id settles it whatever URL it ran at. Abort-then-probe asks the
+replica at this worker's URL, so it settles only an attempt that ran there (with no
+boot id to tell, the old URL's request may still run on a replica no one watches).
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_
     outcome: dict[str, str] = {}
     for aid, since in ledger.doubtful():
         attempt = ledger.attempt(aid)
-        if (attempt is None or attempt.worker != worker_id or attempt.replica != client.url
+        if (attempt is None or attempt.worker != worker_id
                 or (attempt.boot == boot_id and now - since < min_age)):
             continue
         if boot_id and attempt.boot and attempt.boot != boot_id:
             answer = ledger.retry(aid, cause="replica_restart")
             outcome[aid] = f"replica restarted: {answer.status}"
+        elif attempt.replica != client.url:
+            continue  # no boot to tell by, and the replica it ran on is not the one here
         else:
             try:
                 # every turn aborted by the attempt id; the recorded turn's rid probed

@@ -63,6 +63,7 @@ from rq.worker import SimpleWorker
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import QueueRolloutError
+from queue_rollout.ledger.clock import wall_clock
 from queue_rollout.ledger.connection import client_url, connect_config, translate_errors
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.jobs import WorkerQueues, episode_queue
@@ -97,6 +98,7 @@ class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True):
     threads: int = 1
     first_slot: int = 0  # the worker's slot number of this process's first slot
     limit_file: str = ""  # adaptive concurrency: where the supervisor writes the limit
+    clock_offset: float = 0.0  # seconds the supervisor's wall clock is off (tests)
 
 
 class EpisodeProcess:
@@ -106,7 +108,7 @@ class EpisodeProcess:
         config: Config = spec.config
         self.config, self.client, self.blocking = config, client, blocking
         self.keys = Keys(config.farm.name)
-        ledger = Ledger.from_config(client, config)
+        ledger = Ledger.from_config(client, config, clock=wall_clock(spec.clock_offset))
         engine = SGLangClient(spec.engine_url, timeout=min(30, config.timeouts.request))
         workflow = load_workflow(config)
         self.lease = LeaseKeeper(ledger, engine, spec.worker_id, config.timeouts.lease)

@@ -5,7 +5,9 @@ toward ``max_concurrent_samples = "auto"``), keeps ``engine.slots_per_replica``
 episode slots running in processes of ``engine.threads_per_process``
 (:class:`~.rq_worker.EpisodeProcess`; a dead process is restarted with backoff),
 settles its replica's doubtful attempts at start and periodically, and on SIGTERM
-passes the signal on, waits for the episodes' grace period, and deregisters.
+passes the signal on, waits for the episodes' grace period, and deregisters. A SIGTERM
+that comes after its launcher died (the kernel sends it: :mod:`queue_rollout.procs`)
+stops the episode processes at once instead: what they ran is redone, as after a crash.
 
 It follows the trainer's controls (pause, resume, weight updates) as they are
 announced on the farm's controls channel, re-reading them at least every
@@ -39,6 +41,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from redis import Redis
+
 from queue_rollout.config import Config, PauseMode
 from queue_rollout.engines.sglang import (
     PAUSE_MODES,
@@ -46,12 +50,13 @@ from queue_rollout.engines.sglang import (
     EngineError,
     SGLangClient,
 )
-from queue_rollout.errors import BadInput, BarrierTimeout, QueueRolloutError
+from queue_rollout.errors import BadInput, BarrierTimeout, ClockSkewed, QueueRolloutError
+from queue_rollout.ledger.clock import check_clock, wall_clock
 from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Ack, ControlListener, Registry
-from queue_rollout.procs import Supervised, stop_all
+from queue_rollout.procs import Supervised, orphaned, stop_all
 from queue_rollout.workers.limits import AdaptiveLimit, LimitFile
 from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.rq_worker import WorkerSpec, spec_env
@@ -86,6 +91,8 @@ class Supervisor:
     children: list[Supervised] = field(default_factory=list)
     clock: Callable[[], float] = time.monotonic  # the wait for the replica's clock
     sleep: Callable[[float], None] = time.sleep
+    #: seconds its wall clock (and its episode processes') is off (0 but in tests)
+    clock_offset: float = 0.0
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.farm.name)
@@ -108,6 +115,8 @@ class Supervisor:
                          if e.adaptive_slots else None)
         self.limit_file: LimitFile | None = None
         self._started_at = time.time()  # the record keeps it through re-registrations
+        self._parent = os.getppid()  # who started it: a signal after it died stops now
+        self.wall = wall_clock(self.clock_offset)  # what its ledger calls are stamped with
 
     # -- start -----------------------------------------------------------------------
 
@@ -180,21 +189,25 @@ class Supervisor:
         spec = WorkerSpec(config=self.config, worker_id=self.worker_id,
                           engine_url=self.engine_url, boot_id=self.boot_id, index=index,
                           threads=threads, first_slot=first_slot,
+                          clock_offset=self.clock_offset,
                           limit_file=str(self.limit_file.path) if self.limit_file else "")
         # -P: never import from the working directory (a source tree there would shadow)
+        # nothing to tidy when the supervisor dies: what the process ran is redone
         return Supervised(f"worker {self.worker_id}: episode process {index}",
                           [sys.executable, "-P", "-m", "queue_rollout.workers.rq_worker"],
-                          env=spec_env(spec))
+                          env=spec_env(spec), death_signal=signal.SIGKILL)
 
     # -- the loop --------------------------------------------------------------------
 
     def run(self) -> int:
         # from the start: a stop while the replica is awaited ends the wait at once
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
         redis = connect_config(self.config)
-        ledger = Ledger.from_config(redis, self.config)
-        registry = Registry(redis, self.keys, self.config.timeouts.lease)
+        ledger = Ledger.from_config(redis, self.config, clock=self.wall)
+        registry = Registry(redis, self.keys, self.config.timeouts.lease, clock=self.wall)
+        self._check_clock(redis)  # before anything: a skewed clock takes no work
         started = self.clock()
         if not self.wait_for_replica():
             print(f"worker {self.worker_id}: stopped before its replica was ready (waited "
@@ -218,6 +231,7 @@ class Supervisor:
                     child.keep()
                 try:
                     if time.monotonic() >= next_seen:  # alive, at the rate liveness needs
+                        self._check_clock(redis)
                         registry.seen(self.worker_id)
                         next_seen = time.monotonic() + self.config.timeouts.lease / 3
                     if self.adaptive and time.monotonic() >= next_look:
@@ -239,6 +253,8 @@ class Supervisor:
                                       min_age=self.config.timeouts.lease)
                         # as often as a lease: doubt younger than a lease is left alone
                         next_resolve = time.monotonic() + min(10.0, self.config.timeouts.lease)
+                except ClockSkewed:
+                    raise  # it stops taking work: the episodes get their grace, then exit 2
                 except (QueueRolloutError, EngineError) as exc:
                     # Redis away, or the replica: keep the episode processes, try again
                     # next round (the listener subscribes again and re-reads)
@@ -248,6 +264,16 @@ class Supervisor:
             listener.close()
             self._shutdown(registry)
         return 0
+
+    def _check_clock(self, redis: Redis) -> None:
+        """ClockSkewed (naming both clocks) when this worker's clock is further from
+        Redis's than ``timeouts.clock_skew``."""
+        check_clock(redis, self.wall, self.config.timeouts.skew_tolerance,
+                    f"worker {self.worker_id}")
+
+    def stop(self) -> None:
+        """As SIGTERM does (for a supervisor run in a thread)."""
+        self._stop = True
 
     def _adapt(self, registry: Registry) -> None:
         """One look at the replica's KV room; a new limit goes to the episode processes
@@ -328,7 +354,10 @@ class Supervisor:
             return self.boot_id
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self._stop:  # the second: the running episodes are not waited for
+        # the second signal, or the first after the launcher died (the kernel's signal
+        # for its children, with the farm's Redis likely gone too): the running
+        # episodes are not waited for
+        if self._stop or orphaned(self._parent):
             self._now.set()
         self._stop = True
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +43,7 @@ from queue_rollout.errors import (
     InvariantViolation,
     RedisUnavailable,
 )
+from queue_rollout.ledger.clock import check_clock
 from queue_rollout.ledger.connection import (
     connect_config,
     mask_url,
@@ -125,6 +127,8 @@ class RolloutClient:
         self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease)
         self._received: dict[str, list[str]] = {}  # batch id -> group ids, not yet acked
         self._trained: OrderedDict[str, None] = OrderedDict()  # groups passed to ack()
+        self._clock_checked_at = -math.inf
+        self._check_clock()  # a trainer whose clock is off takes no batch (ClockSkewed)
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | Config | None = None,
@@ -233,8 +237,18 @@ class RolloutClient:
                            f"this farm, or consumer {self.consumer!r} is shared; it stays "
                            "delivered to this consumer, unacknowledged")
 
+    def _check_clock(self) -> None:
+        """At most every lease / 3: ClockSkewed (naming both clocks) when the ledger's
+        clock is further from Redis's than ``timeouts.clock_skew``."""
+        if time.monotonic() - self._clock_checked_at < self.config.timeouts.lease / 3:
+            return
+        check_clock(self.ledger.client, self.ledger.clock,
+                    self.config.timeouts.skew_tolerance, f"trainer {self.consumer}")
+        self._clock_checked_at = time.monotonic()
+
     def _pop_batch(self) -> Delivery | None:
         try:
+            self._check_clock()
             return self.ledger.pop_batch(self.consumer)
         except RedisUnavailable as exc:
             log.warning("get_batch: %s; retrying", exc)

@@ -32,7 +32,8 @@ import redis
 from queue_rollout.collector.acceptance import GroupView, load_plugin, verdict
 from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.config import Config
-from queue_rollout.errors import BadInput, QueueRolloutError
+from queue_rollout.errors import BadInput, ClockSkewed, QueueRolloutError
+from queue_rollout.ledger.clock import check_clock
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.jobs import flush_outbox
@@ -125,6 +126,12 @@ class Collector:
             report.handed_over += flush_outbox(self.ledger.client, self.keys)
         report.reconciled += len(self.release_overdue())
         return report
+
+    def check_clock(self) -> None:
+        """ClockSkewed (naming both clocks) when the ledger's clock is further from
+        Redis's than ``timeouts.clock_skew``."""
+        check_clock(self.ledger.client, self.ledger.clock, self.config.timeouts.skew_tolerance,
+                    f"collector {self.name}")
 
     def release_overdue(self) -> list[str]:
         """With ``timeouts.batch_ack``: release each batch delivered longer ago than
@@ -230,9 +237,16 @@ class Collector:
         step = self.config.collector.step_ms / 1000.0
         interval, slowest = step, min(IDLE_WAIT_S, BACKOFF_STEPS * step)
         was_leader = None
+        self.check_clock()  # a skewed clock refuses to start (ClockSkewed, exit 2)
+        check_at = time.monotonic() + self.config.timeouts.lease / 3
         while not stop.is_set():
             try:
+                if time.monotonic() >= check_at:  # and stops at the next heartbeat
+                    self.check_clock()
+                    check_at = time.monotonic() + self.config.timeouts.lease / 3
                 report = self.step()
+            except ClockSkewed:
+                raise
             except QueueRolloutError as exc:  # Redis away: say so, try again
                 log.warning("collector %s: step failed: %s", self.name, exc)
                 stop.wait(1.0)

@@ -19,9 +19,12 @@ stopped (the boot changed) and carries on. A dead worker is restarted with backo
 Every replica and worker runs in its own session, so a terminal's Ctrl-C reaches only
 `node`. SIGTERM or Ctrl-C: the workers first, together (their episodes finish within
 ``timeouts.shutdown_grace``), then the replicas; a second Ctrl-C stops every process at
-once (what was running is redone, as after a crash). A port of ``engine.base_port +
-i`` already in use is refused before anything starts (exit 2), and a child that exits
-with 2 (bad input or config) stops the node instead of being restarted.
+once (what was running is redone, as after a crash). A hard stop (SIGKILL) of `node`
+takes its children with it (:mod:`queue_rollout.procs`), and the next `node` on the
+same ``state_dir`` first stops whatever of the recorded tree is left (:mod:`.lineage`).
+A port of ``engine.base_port + i`` already in use is refused before anything starts
+(exit 2), and a child that exits with 2 (bad input or config) stops the node instead of
+being restarted.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from queue_rollout.config import Config, EngineConfig, write_config
 from queue_rollout.errors import ConfigError, bind_failed
+from queue_rollout.launch.lineage import Lineage
 from queue_rollout.launch.owner import Owner
 from queue_rollout.launch.targets import (
     NODE_FILE,
@@ -204,6 +208,7 @@ class Node:
     state_dir: Path
     slots: list[GpuSlot] = field(default_factory=list)
     health_timeout: float = 2.0
+    lineage: Lineage | None = None  # where the replicas and workers are recorded
 
     def __post_init__(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -254,6 +259,9 @@ class Node:
                 slot.worker = self._worker(slot)
             if slot.healthy and slot.worker is not None:
                 slot.worker.keep()
+        if self.lineage is not None:
+            self.lineage.record([p for s in self.slots for p in
+                                 (s.replica.proc, s.worker.proc if s.worker else None)])
 
     def stop(self, now: threading.Event | None = None) -> None:
         """The workers together (their episodes get ``timeouts.shutdown_grace``), then
@@ -290,11 +298,14 @@ def run_node(config: Config, gpus: list[int], *, stop: threading.Event | None = 
     with Owner(state / "node.lock",
                f"a node of farm {config.farm.name} is already running on {state}"):
         check_shape(connect_config(config), config)  # and a config the farm does not run
+        lineage = Lineage(state)
+        lineage.stop_leftovers()  # what a hard stop of the last node here left running
         check_ports(config, gpus)  # and ports another process holds
-        node = Node(config, state / "node.toml", gpus, state)
+        node = Node(config, state / "node.toml", gpus, state, lineage=lineage)
         write_node_targets(config, [(s.gpu, s.url) for s in node.slots])  # file_sd
         first = config.engine.base_port
-        print(f"node: {len(gpus)} GPUs ({', '.join(map(str, gpus))}), {config.engine.kind} "
+        print(f"node: {len(gpus)} GPU{'' if len(gpus) == 1 else 's'} "
+              f"({', '.join(map(str, gpus))}), {config.engine.kind} "
               f"replicas on ports {first}..{first + len(gpus) - 1}; "
               f"boot ids in {state / 'boots.jsonl'}; Ctrl-C stops it", flush=True)
         try:

@@ -17,6 +17,12 @@ farm (exit 2), and a farm not working within ``READY_S`` is stopped (exit 3), na
 what it waited for. Ctrl-C (or SIGTERM): the workers' running episodes get
 ``timeouts.shutdown_grace`` to finish, then the replicas and Redis stop; a second
 Ctrl-C stops every process at once (what was running is redone, as after a crash).
+
+A hard stop (SIGKILL) takes the children with it (:mod:`queue_rollout.procs`), and the
+next `up` on the same ``state_dir`` first stops whatever of the recorded tree is left
+(:mod:`.lineage`); its embedded Redis comes back on the port it had, so a trainer's
+client rides through the restart, and the workers settle the attempts the old run left
+running as their replicas' restart (new boot ids), whatever ports the replicas now have.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import redis
 
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import BarrierTimeout, ConfigError, QueueRolloutError
+from queue_rollout.launch.lineage import Lineage
 from queue_rollout.launch.owner import Owner
 from queue_rollout.launch.targets import clear_targets, targets_path, write_up_targets
 from queue_rollout.ledger.connection import connect_config, mask_url
@@ -119,12 +126,16 @@ class LocalFarm:
     clock: Callable[[], float] = time.monotonic  # wait_ready's
     unready: list[str] = field(default_factory=list)  # what wait_ready last waited for
     replica_urls: list[str] = field(default_factory=list)  # what start() found
+    lineage: Lineage | None = None  # where the children are recorded (``up``'s farm)
 
     def start(self) -> str:
         c = self.config
         url = c.farm.redis_url
+        if self.lineage is not None:  # before any port is bound: nothing of the last run
+            self.lineage.stop_leftovers()
         if not url:
-            self.redis = EmbeddedRedis(c.farm.state_dir)
+            # a farm's own Redis keeps its port: clients started before a restart go on
+            self.redis = EmbeddedRedis(c.farm.state_dir, keep_port=self.lineage is not None)
             url = self.redis.start()
             # the children find this Redis through the config we hand them
             self.config = msgspec.structs.replace(
@@ -142,6 +153,7 @@ class LocalFarm:
         self.collector = Supervised("collector",
                                     [cli_exe(), "collector", "-c", str(self.config_path)],
                                     log_path=self._log("collector"), new_session=True)
+        self._record()
         return url
 
     def _log(self, name: str) -> Path | None:
@@ -167,8 +179,16 @@ class LocalFarm:
         return [*self.engines, *self.workers, *([self.collector] if self.collector else [])]
 
     def keep(self) -> None:
-        for m in self.children():
+        children = self.children()
+        for m in children:
             m.keep()
+        self._record()
+
+    def _record(self) -> None:
+        """Write the children (and the embedded Redis) down, for the next run's start."""
+        if self.lineage is not None:
+            self.lineage.record([*(m.proc for m in self.children()),
+                                 self.redis.proc if self.redis else None])
 
     def not_ready(self, live: dict[str, dict[str, Any]], leader: str) -> list[str]:
         """What keeps the farm from working now, given the live workers' records and the
@@ -288,7 +308,7 @@ def run_up(config: Config, *, stop: threading.Event | None = None,
           logs_to(logs / "up.log", verbose=verbose),
           LogFollower(logs, skip={"up.log"}) if verbose else contextlib.nullcontext()):
         farm = LocalFarm(config, state / "up.toml", log_dir=logs,
-                         request_log_dir=request_log_dir)
+                         request_log_dir=request_log_dir, lineage=Lineage(state))
         try:
             url = farm.start()
             write_up_targets(farm.config, farm.replica_urls)  # Prometheus's file_sd

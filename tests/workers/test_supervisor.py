@@ -9,14 +9,17 @@ import json
 import logging
 import signal
 import subprocess
+import threading
 import time
 
 import msgspec
 import pytest
 
+from queue_rollout.client.rollout import RolloutClient
+from queue_rollout.collector.loop import Collector
 from queue_rollout.config import Config
 from queue_rollout.engines.sglang import PAUSE_MODES, SGLangClient
-from queue_rollout.errors import BarrierTimeout
+from queue_rollout.errors import BarrierTimeout, ClockSkewed
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.core import Ledger
@@ -206,3 +209,53 @@ def test_a_malformed_engine_url_is_bad_input_exit_2(url, tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr == (f"queue-rollout: --engine-url: engine URL must be "
                            f"http(s)://host:port, got {url!r}\n")
+
+
+@pytest.mark.e2e
+def test_a_worker_clock_far_from_redis_s_refuses_work_and_one_within_the_tolerance_runs(
+        r, redis_url):
+    """Leases of 3 s (renewed every second), so a tolerance of 1 s. A worker built with
+    its clock 10 s behind Redis's refuses to start, naming both clocks, before it
+    registers; one 0.9 s behind (it and its episode processes) runs episodes of about 6 s,
+    each over several renewals, beside an unskewed collector: every group comes back
+    whole, nothing doubted, nothing run twice."""
+    config = msgspec.convert({"farm": {"name": "skew", "redis_url": redis_url},
+                              "rollout": {"group_size": 2, "batch_size": 1,
+                                          "max_concurrent_samples": 4, "max_staleness": 100},
+                              "engine": {"slots_per_replica": 4, "threads_per_process": 2},
+                              "timeouts": {"lease": 3, "shutdown_grace": 2}}, Config)
+    tolerance = config.timeouts.skew_tolerance
+    assert tolerance == 1.0
+    ledger = Ledger.from_config(r, config)
+    with ThreadedSimEngine(slots=4, step_ms=2.0) as engine:  # 3,000 tokens: 6 s
+        far = Supervisor(config, gpu=0, engine_url=engine.url, clock_offset=-10 * tolerance)
+        with pytest.raises(ClockSkewed) as refused:
+            far.run()
+        message = str(refused.value)
+        assert message.startswith(f"worker {far.worker_id}: this process's clock reads ")
+        assert "and the Redis server's " in message and " s apart, beyond " in message
+        assert r.hlen(far.keys.workers) == 0  # refused before it registered
+
+        near = Supervisor(config, gpu=0, engine_url=engine.url, clock_offset=-0.9 * tolerance)
+        worker = threading.Thread(target=near.run, daemon=True)
+        stop = threading.Event()
+        worker.start()
+        try:
+            Collector(ledger, config, name="test").start(stop)
+            client = RolloutClient.from_config(config)
+            client.submit({"id": f"s{i}", "prompt": "x", "member_lengths": [3000, 3000]}
+                          for i in range(4))
+            got = []
+            for _ in range(4):
+                batch = client.get_batch(timeout=120)
+                got += [(g.id, [len(m.output_ids) for m in g.members]) for g in batch.groups]
+                client.ack(batch)
+        finally:
+            stop.set()
+            near.stop()
+            worker.join(60)
+    assert sorted(got) == [(f"s{i}", [3000, 3000]) for i in range(4)]
+    counters = ledger.counters()
+    assert {k: v for k, v in counters.items()
+            if k.startswith(("retries:", "doubts:")) and v} == {}, counters
+    assert counters["finished"] == 8 and counters.get("reserved", 0) == 0

@@ -141,26 +141,33 @@ def test_threaded_worker_runs_its_slots_in_one_process_and_drains_on_sigterm(r, 
 def test_resolver_retries_on_a_boot_change_and_after_abort_then_probe(r, engine, farm_toml):
     config = load_config(farm_toml)
     ledger = Ledger.from_config(r, config)
-    ledger.submit([("p", b'{"id": "p", "prompt": "x", "member_lengths": [5, 5]}'),
-                   ("q", b'{"id": "q", "prompt": "x", "member_lengths": [5, 5]}')])
+    ledger.submit([(p, json.dumps({"id": p, "prompt": "x", "member_lengths": [5, 5]}).encode())
+                   for p in "pqr"])
     a, b = ledger.admit().attempt_ids
-    c_, _ = ledger.admit().attempt_ids
+    c_, moved = ledger.admit().attempt_ids
+    unknown, _ = ledger.admit().attempt_ids
     client = SGLangClient(engine.url)
     ledger.start(a, "w", engine.url, "old-boot", 30)
     ledger.start(b, "w", engine.url, "boot-now", 30)
     # another host's worker: its replica listens on the same loopback URL, on its host
     ledger.start(c_, "other-host-gpu0", engine.url, "their-boot", 30)
-    for aid in (a, b, c_):
+    # this worker's replica before a hard stop of its launcher, then on another port
+    old_url = "http://127.0.0.1:9"
+    ledger.start(moved, "w", old_url, "boot-before", 30)
+    ledger.start(unknown, "w", old_url, "", 30)  # no boot id: nothing to tell it by
+    for aid in (a, b, c_, moved, unknown):
         ledger.mark_doubtful(aid, "lease_expired")
-    # an earlier boot's attempt is settled at once; the current boot's waits min_age
+    # an earlier boot's attempt is settled at once, whatever its URL; the current
+    # boot's waits min_age
     outcome = resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=3600)
-    assert outcome == {a: "replica restarted: retried"}
+    assert outcome == {a: "replica restarted: retried", moved: "replica restarted: retried"}
     outcome = resolve_doubt(ledger, client, "boot-now", worker_id="w", min_age=0)
     assert outcome == {b: "confirmed stopped: retried"}
     assert ledger.attempt(c_).state == "doubtful"  # not ours to settle: left alone
+    assert ledger.attempt(unknown).state == "doubtful"  # not probed at the wrong replica
     c = ledger.counters()
-    assert c["retries:replica_restart"] == 1 and c["retries:lease_expired"] == 1
-    assert c["doubtful"] == 1 and c["reserved"] == 4
+    assert c["retries:replica_restart"] == 2 and c["retries:lease_expired"] == 1
+    assert c["doubtful"] == 2 and c["reserved"] == 6
 
 
 @pytest.mark.e2e

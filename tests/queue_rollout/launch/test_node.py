@@ -30,11 +30,20 @@ from queue_rollout.launch.node import (
     replica_env,
     sglang_python,
 )
+from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.procs import cli_exe
-from testkit import alive, free_ports, merged, process_tree, wait_for, write_farm
+from testkit import (
+    alive,
+    free_ports,
+    merged,
+    process_tree,
+    ride_through_a_hard_restart,
+    wait_for,
+    write_farm,
+)
 
 
 def test_gpu_lists():
@@ -157,7 +166,8 @@ def start_node(toml: Path, gpus: str, env: dict | None = None, **popen) -> subpr
     proc = subprocess.Popen([cli_exe(), "node", "--gpus", gpus, "-c", str(toml)],
                             stdout=subprocess.PIPE, text=True, env=env, cwd=toml.parent, **popen)
     line = proc.stdout.readline() if proc.stdout is not None else ""
-    assert f"node: {len(parse_gpus(gpus))} GPUs" in line, line
+    n = len(parse_gpus(gpus))
+    assert f"node: {n} GPU{'' if n == 1 else 's'} (" in line, line
     return proc
 
 
@@ -217,6 +227,48 @@ def test_sim_node_runs_episodes_restarts_a_dead_replica_under_a_new_boot_and_sto
     assert pids_with(str(tmp_path)) == []  # no worker left behind (their -c is here)
     assert all(pids_with(f"--boot-id {b['boot_id']}") == [] for b in boots(tmp_path))
     assert r.hlen(Keys("nd").workers) == 0  # they deregistered on the way out
+
+
+@pytest.mark.e2e
+def test_node_killed_hard_with_episodes_running_comes_back_and_settles_them_as_restarts(
+        tmp_path, redis_url, r):
+    """`node --gpus 0-1` (simulated replicas of 8 slots, sample refill) with 16 episodes
+    of 3,000 tokens running is SIGKILLed and started again, with a doubt timeout of an
+    hour: nothing of the old node is left when the new one starts, its replicas come
+    back under new boot ids, and its workers settle what the old boots ran as the
+    replicas' restart; the trainer, waiting since before the kill, gets every group."""
+    toml = node_farm(tmp_path, redis_url, engine={"kind": "sim", "step_ms": 2.0,
+                                                  "slots_per_replica": 8},
+                     rollout={"group_size": 4, "max_concurrent_samples": 16},
+                     timeouts={"doubt": 3600})
+    config = load_config(toml)
+    stop = threading.Event()
+    Collector(Ledger.from_config(r, config), config, name="test").start(stop)
+    nodes = [start_node(toml, "0-1")]
+
+    def kill() -> set[int]:
+        tree = process_tree(nodes[-1].pid)
+        os.kill(nodes[-1].pid, signal.SIGKILL)
+        nodes[-1].wait()
+        return tree
+
+    def restart() -> None:
+        nodes.append(start_node(toml, "0-1"))
+        wait_for(lambda: len(registered(r)) == 2 and set(registered(r).values())
+                 == {b["boot_id"] for b in boots(tmp_path)[-2:]}, 60,
+                 "both workers against their replicas' new boots")
+
+    try:
+        wait_for(lambda: len(registered(r)) == 2, 60, "two workers registered")
+        ride_through_a_hard_restart(toml, kill, restart)
+        assert len(boots(tmp_path)) == 4  # two boots each, the second after the kill
+    finally:
+        stop.set()
+        for node in nodes:
+            if node.poll() is None:
+                node.send_signal(signal.SIGTERM)
+                node.wait(90)
+    assert nodes[-1].returncode == 0
 
 
 STAND_IN = '''\

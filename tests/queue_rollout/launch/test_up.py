@@ -25,7 +25,16 @@ from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
 from queue_rollout.procs import Supervised, stop_all
-from testkit import G2_B1, G2_B2, alive, farm_up, process_tree, wait_for, write_up_farm
+from testkit import (
+    G2_B1,
+    G2_B2,
+    alive,
+    farm_up,
+    process_tree,
+    ride_through_a_hard_restart,
+    wait_for,
+    write_up_farm,
+)
 
 EXE = shutil.which("queue-rollout", path=str(Path(sys.executable).parent))
 
@@ -401,3 +410,49 @@ def test_up_does_not_claim_a_farm_whose_worker_cannot_reach_its_replica(tmp_path
     assert " up: " not in out and "farm dead stopped" in out
     assert "farm dead: stopped before it was ready, waiting for: worker gpu0" in err
     assert "not ready within" not in err + line and "Traceback" not in err
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["group", "sample"])
+def test_up_killed_hard_with_episodes_running_comes_back_and_a_trainer_rides_through(
+        tmp_path, mode):
+    """`up` (two simulated replicas of 8 slots) with 16 episodes of 3,000 tokens running
+    is SIGKILLed and started again on the same state_dir, with a doubt timeout of an
+    hour: its Redis comes back on its port, so the trainer's client, waiting in
+    get_batch since before the kill, gets every group; the replicas come back on new
+    ports under new boot ids, and each worker settles what its GPU's old replica ran as
+    that replica's restart, at once, not after the hour."""
+    state = tmp_path / "state"
+    limit = ({"max_concurrent_samples": 16} if mode == "sample"
+             else {"max_concurrent_rollouts": 4})
+    toml = write_up_farm(tmp_path / "farm.toml", f"hard-{mode}", state, slots=8,
+                         metrics_port=free_port(),
+                         rollout={"group_size": 4, "batch_size": 1, "max_staleness": 100,
+                                  **limit},
+                         engine={"step_ms": 2.0},  # 6 s an episode
+                         timeouts={"doubt": 3600, "lease": 3})
+    ups: list[subprocess.Popen] = []
+
+    def start() -> None:
+        up = up_in_its_own_session(toml)
+        ups.append(up)
+        assert up.stdout is not None and f"farm hard-{mode} up: " in up.stdout.readline()
+
+    def kill() -> set[int]:
+        tree = process_tree(ups[-1].pid)
+        assert len(tree) > 6, tree  # redis, replicas, workers, episode processes, collector
+        os.kill(ups[-1].pid, signal.SIGKILL)
+        ups[-1].wait()
+        return tree
+
+    start()
+    first_url = (state / "redis.url").read_text()
+    try:
+        ride_through_a_hard_restart(toml, kill, start)
+        assert (state / "redis.url").read_text() == first_url  # the same port
+    finally:
+        for up in ups:
+            if up.poll() is None:
+                up.send_signal(signal.SIGINT)
+                up.communicate(timeout=120)
+    assert ups[-1].returncode == 0
