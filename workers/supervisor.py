@@ -8,6 +8,9 @@ settles its replica's doubtful attempts at start and periodically, and on SIGTER
 passes the signal on, waits for the episodes' grace period, and deregisters. A SIGTERM
 that comes after its launcher died (the kernel sends it: :mod:`queue_rollout.procs`)
 stops the episode processes at once instead: what they ran is redone, as after a crash.
+It compares its clock with Redis's ``TIME`` before it registers and at every heartbeat
+(:mod:`queue_rollout.ledger.clock`): beyond ``timeouts.clock_skew`` it refuses work
+(ClockSkewed, exit 2), naming both clocks.
 
 It follows the trainer's controls (pause, resume, weight updates) as they are
 announced on the farm's controls channel, re-reading them at least every
