@@ -179,8 +179,7 @@ class LocalFarm:
         return [*self.engines, *self.workers, *([self.collector] if self.collector else [])]
 
     def keep(self) -> None:
-        children = self.children()
-        for m in children:
+        for m in self.children():
             m.keep()
         self._record()
 
