@@ -99,3 +99,16 @@ def test_the_alert_tables_list_every_alert_of_alerts_yml(page):
     assert len(rules) >= 7 and len(set(rules)) == len(rules)
     rows = re.findall(r"^\| `(QueueRollout\w+)` \|", (ROOT / page).read_text(), re.MULTILINE)
     assert sorted(rows) == sorted(rules)
+
+
+def _first_bash_block(text: str) -> list[str]:
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_docs_quick_start_is_the_readme_s(lang):
+    """The index page's two commands are the README's Quick start, letter for letter."""
+    readme = _first_bash_block((ROOT / "README.md").read_text())
+    assert len(readme) == 2 and readme[1].endswith("pytest -n auto")
+    assert _first_bash_block((ROOT / "docs" / lang / "index.md").read_text()) == readme
