@@ -146,6 +146,9 @@ class RolloutClient:
         BadInput names the first one that does not, by index and id. With a
         ``tokenize`` function, a prompt's ``prompt`` text is replaced by the ``input_ids``
         it makes (the replicas are sent those, and a trainer gets them back)."""
+        if isinstance(prompts, dict | str | bytes):  # iterable, but one prompt (or text)
+            raise BadInput(f"submit takes a list of prompts (each a dict), not one "
+                           f"{type(prompts).__name__}: for one prompt, submit([prompt])")
         checked = []
         seen: dict[str, str] = {}  # id -> where it was given
         needs = farm_needs(self.config)

@@ -122,6 +122,15 @@ def test_submit_refuses_bad_and_duplicate_prompts_whole(farm_toml):
     assert client.status()["groups"]["pending"] == 1
 
 
+def test_one_prompt_given_where_a_list_of_prompts_goes_is_refused_as_such(farm_toml):
+    client = RolloutClient.from_config(farm_toml)
+    for one in (prompt("c"), '{"id": "c"}', b'{"id": "c"}'):
+        with pytest.raises(BadInput, match=r"submit takes a list of prompts .*"
+                                           r"submit\(\[prompt\]\)"):
+            client.submit(one)
+    assert client.status()["groups"]["pending"] == 0
+
+
 def test_consume_json_lines_and_version_bump(farm_toml, capsys):
     client = RolloutClient.from_config(farm_toml)
     client.submit([prompt(f"q{i}") for i in range(4)])
