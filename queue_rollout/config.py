@@ -12,6 +12,7 @@ import importlib
 import math
 import os
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -328,10 +329,52 @@ def _known_keys(path: str) -> list[str]:
     return []
 
 
+def _field_type(path: str) -> object:
+    """The annotation of the field at dotted *path* of :class:`Config` (None if none)."""
+    cls: object = Config
+    for part in [p for p in path.split(".") if p]:
+        if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+            return None
+        cls = typing.get_type_hints(cls, include_extras=True).get(part)
+    return cls
+
+
+def _accepted(path: str) -> str:
+    """What the field at *path* takes, when some of it is a fixed set of words:
+    ``an integer > 0 or "auto"`` ("" otherwise)."""
+    options: list[str] = []
+    words = False
+    field = _field_type(path)
+    union = typing.get_origin(field) in (typing.Union, types.UnionType)
+    for member in typing.get_args(field) if union else [field]:
+        if typing.get_origin(member) is Literal:
+            options += [f'"{v}"' for v in typing.get_args(member)]
+            words = True
+        elif typing.get_origin(member) is Annotated:
+            base, *metas = typing.get_args(member)
+            bounds = [f"> {m.gt}" if m.gt is not None else f">= {m.ge}" for m in metas
+                      if isinstance(m, msgspec.Meta) and (m.gt is not None or m.ge is not None)]
+            name = {int: "an integer", float: "a number"}.get(base, "")
+            if name:
+                options.append(" ".join([name, *bounds[:1]]))
+    return " or ".join(options) if words else ""
+
+
+def _nested_key(table: str, name: str) -> str:
+    """The dotted key of a field *name* one table below *table* (``workflow`` +
+    ``temperature`` -> ``workflow.sampling.temperature``), "" when there is none."""
+    for sub in _known_keys(table):
+        if name in _known_keys(f"{table}.{sub}"):
+            return f"{table + '.' if table else ''}{sub}.{name}"
+    return ""
+
+
 def _name_the_key(message: str) -> str:
     """``Expected `int`, got `bool` - at `$.rollout.group_size` `` ->
     ``rollout.group_size: Expected `int`, got `bool```; an unknown key ->
-    ``rollout.grup_size: unknown key (did you mean group_size?)``."""
+    ``rollout.grup_size: unknown key (did you mean group_size?)``, or one that belongs a
+    table lower (``workflow.temperature`` -> ``did you mean
+    workflow.sampling.temperature?``); a word not among those a key takes names them."""
     m = _PATH.search(message)
     key = m.group(1).replace("[", ".").replace("]", "") if m else ""
     text = message[: m.start()] if m else message
@@ -339,8 +382,11 @@ def _name_the_key(message: str) -> str:
     if unknown:
         name = unknown.group(1)
         close = difflib.get_close_matches(name, _known_keys(key), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        lower = "" if close else _nested_key(key, name)
+        hint = f" (did you mean {close[0] if close else lower}?)" if close or lower else ""
         return f"{key + '.' if key else ''}{name}: unknown key{hint}"
+    if key and text.startswith("Invalid enum value") and (accepted := _accepted(key)):
+        text += f" (it takes {accepted})"
     return f"{key}: {text}" if key else text
 
 

@@ -355,3 +355,19 @@ def test_config_fuzz_text_decodes_or_is_a_config_error(data):
         assert re.match(r"config(:\d+)?: (not valid TOML: |not UTF-8 text|[^:]+: )", str(exc))
         return
     assert isinstance(config, Config)
+
+
+@pytest.mark.parametrize(("toml", "said"), [
+    ('[rollout]\nmax_concurrent_samples = "Auto"\n',
+     "rollout.max_concurrent_samples: Invalid enum value 'Auto' (it takes an integer > 0 "
+     'or "auto")'),
+    ('[rollout]\nplacement = "Group"\n',
+     "rollout.placement: Invalid enum value 'Group' (it takes \"any\" or \"group\")"),
+    ("[workflow]\ntemperature = 0.5\n",
+     "workflow.temperature: unknown key (did you mean workflow.sampling.temperature?)"),
+])
+def test_a_word_a_key_does_not_take_names_those_it_does_and_a_key_a_table_too_high_its_place(
+        toml, said):
+    with pytest.raises(ConfigError) as refused:
+        decode_config(toml, "farm.toml")
+    assert str(refused.value) == f"farm.toml: {said}"
