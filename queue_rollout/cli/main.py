@@ -170,7 +170,8 @@ def _cmd_consume(config: Config, args: argparse.Namespace) -> int:
         if not args.no_version_bump:
             client.set_version(client.version() + 1)
         if args.json:
-            print(json.dumps({"batch": k, "version": batch.version, "groups": groups}), flush=True)
+            print(json.dumps({"batch": k, "version": batch.version,
+                              "redelivered": batch.redelivered, "groups": groups}), flush=True)
         else:
             print(f"batch {k}: {len(groups)} groups at version {batch.version}: "
                   f"{', '.join(g['id'] for g in groups)}", flush=True)

@@ -140,7 +140,8 @@ def test_consume_json_lines_and_version_bump(farm_toml, capsys):
     collector.step()
     assert main(["consume", "--batches", "2", "--json", "-c", str(farm_toml)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(b["batch"], b["version"], len(b["groups"])) for b in lines] == [(1, 0, 2), (2, 1, 2)]
+    assert [(b["batch"], b["version"], b["redelivered"], len(b["groups"])) for b in lines] == [
+        (1, 0, False, 2), (2, 1, False, 2)]
     assert lines[0]["groups"][0]["members"][0] == {
         "member": 0, "output_tokens": 3, "reward": 0.0, "finish_reason": "length",
         "versions": [0], "turn_lengths": []}  # a result written without turn lengths
