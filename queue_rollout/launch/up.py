@@ -323,6 +323,9 @@ def run_up(config: Config, *, stop: threading.Event | None = None,
                     f"{'; '.join(farm.unready)}; the logs are in {logs}")
             else:
                 say("stopped before it was ready, waiting for: " + "; ".join(farm.unready))
+        except QueueRolloutError as exc:  # the reason first, then what stopping waits for
+            say(f"stopping: {exc}")
+            raise
         finally:
             stopping.set()
             clear_targets(targets_path(config))

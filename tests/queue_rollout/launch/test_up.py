@@ -387,6 +387,11 @@ def test_up_with_its_metrics_port_in_use_stops_saying_so_with_exit_2(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("queue-rollout: collector exited with 2 (bad input or config), "
                            f"not restarted: metrics.port {port} is in use: ")
+    # the reason comes before what stopping waits for
+    said = done.stderr.splitlines()
+    reason = next(i for i, line in enumerate(said)
+                  if line.startswith("farm busy: stopping: collector exited with 2"))
+    assert all(i > reason for i, line in enumerate(said) if "no episode is running" in line)
     assert "Traceback" not in done.stderr
 
 
