@@ -212,7 +212,7 @@ def test_ids_already_in_the_farm_refuse_the_whole_file(farm, tmp_path, r, redis_
     ("grup_size = 2\n", "rollout.grup_size: unknown key (did you mean group_size?)"),
     ('batch_size = "16"\n', "rollout.batch_size: Expected `int`, got `str`"),
     ("[rollout.extra]\nx = 1\n", "rollout.extra: unknown key"),
-    ("[sampling]\ntemperature = 1.0\n", "sampling: unknown key"),
+    ("[sampling]\ntemperature = 1.0\n", "sampling: unknown key (did you mean workflow.sampling?)"),
 ])
 def test_bad_config_exits_2_naming_the_key_and_changes_nothing(farm, tmp_path, redis_url,
                                                                redis_snapshot, extra, message):
