@@ -75,14 +75,27 @@ def orphaned(parent: int) -> bool:
     return os.getppid() != parent
 
 
-def start_time(pid: int) -> int | None:
-    """When process *pid* started, in clock ticks since the machine booted (``stat``'s
-    22nd field): with the pid, it names one process across pid reuse. None if gone."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); None if
+    the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """When process *pid* started, in clock ticks since the machine booted (``stat``'s
+    22nd field): with the pid, it names one process across pid reuse. None if gone."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def running(pid: int) -> bool:
+    """Process *pid* exists and is not a zombie."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def session_of(pid: int) -> int | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_rollout.errors import FarmBusy
-from queue_rollout.procs import session_of, start_time
+from queue_rollout.procs import running, session_of, start_time
 
 log = logging.getLogger(__name__)
 #: How long leftovers get to stop on SIGTERM before SIGKILL, and then to be gone.
@@ -59,8 +59,7 @@ class Lineage:
                     if (start := start_time(pid)) is not None]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"boot": machine_boot(), "launcher": os.getpid(),
-                                   "children": children}) + "\n")
+        tmp.write_text(json.dumps({"boot": machine_boot(), "children": children}) + "\n")
         tmp.replace(self.path)
         self._written = pids
 
@@ -76,7 +75,7 @@ class Lineage:
         found: set[int] = set()
         for pid in filter(str.isdigit, os.listdir("/proc")):
             p = int(pid)
-            if p == os.getpid() or (started := start_time(p)) is None or not _running(p):
+            if p == os.getpid() or (started := start_time(p)) is None or not running(p):
                 continue
             if children.get(p) == started:
                 found.add(p)
@@ -117,15 +116,6 @@ class Lineage:
 
     def _wait(self, pids: set[int], seconds: float) -> set[int]:
         deadline = self.clock() + seconds
-        while (left := {p for p in pids if _running(p)}) and self.clock() < deadline:
+        while (left := {p for p in pids if running(p)}) and self.clock() < deadline:
             self.sleep(0.05)
         return left
-
-
-def _running(pid: int) -> bool:
-    """*pid* exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
