@@ -223,8 +223,9 @@ class EngineConfig(_Section):
     replicas: PosInt = 8
     #: Concurrent episodes per replica / GPU (SGLang's `--max-running-requests`).
     slots_per_replica: PosInt = 16
-    #: A worker's episode slots per process, as threads (1: a process per slot).
-    threads_per_process: PosInt = 1
+    #: A worker's episode slots per process, as threads (1: a process per slot). Unset: a
+    #: replica's slots in one process with `sim`, a process per slot with `sglang`.
+    threads_per_process: PosInt | None = None
     #: sim: decode step time with one running request (ms).
     step_ms: PosFloat = 4.5
     #: sim: added to the step per running request (ms).
@@ -263,6 +264,18 @@ class EngineConfig(_Section):
     #: `node`: extra SGLang launch arguments, passed through; with `--device cpu` the
     #: replicas also get `SGLANG_USE_CPU_ENGINE=1`.
     sglang_args: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def episode_threads(self) -> int:
+        """A worker's episode slots per process: ``threads_per_process``, else every slot
+        with ``sim`` replicas and one with ``sglang``; never more than the slots."""
+        per = self.threads_per_process or (self.slots_per_replica if self.kind == "sim" else 1)
+        return min(per, self.slots_per_replica)
+
+    @property
+    def episode_processes(self) -> int:
+        """A worker's episode processes."""
+        return -(-self.slots_per_replica // self.episode_threads)
 
 
 class CollectorConfig(_Section):

@@ -89,8 +89,10 @@ class Replica:
 @pytest.fixture(params=["sim", pytest.param("sglang", marks=pytest.mark.sglang)])
 def replica(request: pytest.FixtureRequest) -> Iterator[Replica]:
     if request.param == "sim":
+        other = request.getfixturevalue("tmp_path") / "other-weights"  # a folder, as SGLang needs
+        other.mkdir()
         with ThreadedSimEngine(slots=8, step_ms=20.0) as sim:
-            yield Replica(sim.url, "/models/other", 150, None)
+            yield Replica(sim.url, str(other), 150, None)
     else:
         real = request.getfixturevalue("real_sglang")
         yield Replica(real.url, str(real.other_weights), 1500,

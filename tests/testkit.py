@@ -184,16 +184,17 @@ def grpo_sim_farm(tmp_path: Path, name: str, *, group_size: int, batch_size: int
 def write_node_farm(path: Path, name: str, redis_url: str, *, group_size: int,
                     batch_size: int, **sections: Mapping[str, Any]) -> Path:
     """A farm for a `node --gpus 0-1` and a collector under injected faults: 2 sim
-    replicas of 4 slots on free ports, fast decoding, sample refill over 8 slots, a
-    staleness budget never reached, 5 attempts an episode, 2 s leases, state beside
-    *path*; *sections* add or change keys."""
+    replicas of 4 slots on free ports, each slot its own episode process (a SIGKILL ends
+    one episode), fast decoding, sample refill over 8 slots, a staleness budget never
+    reached, 5 attempts an episode, 2 s leases, state beside *path*; *sections* add or
+    change keys."""
     return write_farm(path, **merged(
         {"farm": {"name": name, "redis_url": redis_url, "state_dir": path.parent},
          "rollout": {"group_size": group_size, "batch_size": batch_size,
                      "max_concurrent_samples": 8, "max_staleness": 100_000,
                      "max_attempts": 5},
-         "engine": {"kind": "sim", "slots_per_replica": 4, "step_ms": 0.5,
-                    "step_ms_per_request": 0, "base_port": free_ports(2)},
+         "engine": {"kind": "sim", "slots_per_replica": 4, "threads_per_process": 1,
+                    "step_ms": 0.5, "step_ms_per_request": 0, "base_port": free_ports(2)},
          "timeouts": {"lease": 2, "doubt": 60, "shutdown_grace": 2, "leader_lease": 2},
          "metrics": {"port": free_port()}},
         sections))

@@ -2,7 +2,7 @@
 
 The supervisor checks its replica, registers the worker in the farm (its slots count
 toward ``max_concurrent_samples = "auto"``), keeps ``engine.slots_per_replica``
-episode slots running in processes of ``engine.threads_per_process``
+episode slots running in processes of ``engine.episode_threads``
 (:class:`~.rq_worker.EpisodeProcess`; a dead process is restarted with backoff),
 settles its replica's doubtful attempts at start and periodically, and on SIGTERM
 passes the signal on, waits for the episodes' grace period, and deregisters. A SIGTERM
@@ -183,8 +183,8 @@ class Supervisor:
     # -- children --------------------------------------------------------------------
 
     def _children(self) -> list[Supervised]:
-        """``slots_per_replica`` episode workers in processes of ``threads_per_process``."""
-        slots, per = self.config.engine.slots_per_replica, self.config.engine.threads_per_process
+        """``slots_per_replica`` episode workers in processes of ``episode_threads``."""
+        slots, per = self.config.engine.slots_per_replica, self.config.engine.episode_threads
         return [self._child(i, start, min(per, slots - start))
                 for i, start in enumerate(range(0, slots, per))]
 
@@ -224,7 +224,7 @@ class Supervisor:
         adaptive = (f" (adaptive: {e.min_slots_per_replica} to {e.slots_per_replica} take "
                     "jobs)" if self.adaptive else "")
         print(f"worker {self.worker_id}: {e.slots_per_replica} episode slots{adaptive} in "
-              f"{len(self.children)} processes on "
+              f"{len(self.children)} process{'' if len(self.children) == 1 else 'es'} on "
               f"{self.engine_url} (boot {self.boot_id or 'unknown'})", flush=True)
         listener = ControlListener(redis, self.keys)
         next_resolve = next_health = next_seen = next_controls = next_look = 0.0

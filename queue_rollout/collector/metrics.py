@@ -2,8 +2,8 @@
 
 Counters and gauges are read from the ledger at scrape time, so they stay right across
 collector restarts and failovers. Histograms are fed from the ledger's observations
-stream (episode durations at ``finish``, batch intervals at ``pop_batch``, consumed
-group staleness at ``ack``); a restarted exporter starts them afresh, as Prometheus
+stream (episode durations at ``finish``, batch and rollout intervals at ``pop_batch``,
+consumed group staleness at ``ack``); a restarted exporter starts them afresh, as Prometheus
 expects of a process restart. ``/metrics`` and ``/healthz`` listen on
 ``metrics.host:port`` (127.0.0.1 unless configured otherwise). Every series carries the
 constant label ``farm="<farm.name>"``, so farms sharing a Prometheus stay apart.
@@ -56,8 +56,8 @@ class LedgerCollector:
         client, keys = self.ledger.client, self.ledger.keys
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(keys.counters)
-        pipe.hget(keys.state, "version")
-        counters_raw, version = pipe.execute()
+        pipe.hmget(keys.state, ["version", "paused"])
+        counters_raw, (version, paused) = pipe.execute()
         c = {k.decode(): int(v) for k, v in counters_raw.items()}
         registry = Registry(client, keys, self.config.timeouts.lease)
         workers = registry.live()
@@ -76,6 +76,12 @@ class LedgerCollector:
                 family.add_metric([v], c.get(f"{prefix}:{v}", 0))
             return family
 
+        mode = GaugeMetricFamily(P + "admission_mode_info", "The admission mode: group, or "
+                                 "sample (sample-level refill).", labels=["mode"])
+        mode.add_metric([self.config.rollout.mode], 1)
+        yield mode
+        yield gauge("paused", "1 while the farm is paused (nothing admitted), else 0.",
+                    int(paused == b"1"))
         yield gauge("sample_slots", "Episode slots (capacity; group mode: G per group).", capacity)
         yield gauge("sample_slots_reserved", "Episode slots reserved.", c.get("reserved", 0))
         yield gauge("active_episodes", "Running attempts.", c.get("running", 0))
@@ -168,6 +174,11 @@ class FarmMetrics:
             P + "batch_interval_seconds", "Between successive batch deliveries.",
             registry=source,
             buckets=(1, 5, 10, 20, 30, 60, 120, 300, 600, 1200, float("inf")))
+        self.rollout_interval = Histogram(
+            P + "rollout_interval_seconds", "Between successive batch deliveries, less the "
+            "pause in between (from the later of the last batch and the last resume).",
+            registry=source,
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, float("inf")))
         self.staleness = Histogram(
             P + "consumed_group_staleness", "Policy versions between admission and consumption.",
             registry=source, buckets=(0, 1, 2, 3, 4, 6, 8, 16, float("inf")))
@@ -197,6 +208,8 @@ class FarmMetrics:
                     self.episode_duration.observe(value)
                 elif kind == b"batch_interval_s":
                     self.batch_interval.observe(value)
+                elif kind == b"rollout_interval_s":
+                    self.rollout_interval.observe(value)
                 elif kind == b"staleness":
                     self.staleness.observe(value)
                 elif kind == b"tool_s":

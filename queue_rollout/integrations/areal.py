@@ -468,3 +468,51 @@ class FarmInferenceEngine:
             out[f"farm/{key}"] = statistics.fmean(r[key] for r in rows)
         return out
 
+
+
+#: ``PPOTrainer._init_rollout``'s parameters in AReaL 1.0.x: the one place its trainer
+#: builds the rollout engine, from ``rollout.backend``. AReaL offers no public way to
+#: hand the trainer an engine, so :func:`with_farm_rollout` overrides this private
+#: method, and refuses a trainer whose method has other parameters.
+ROLLOUT_HOOK = ("self", "rollout_config", "is_eval", "lora_path")
+
+
+def with_farm_rollout(trainer_cls: type, make_engine: Callable[[Any], FarmInferenceEngine]
+                      ) -> type:
+    """A subclass of AReaL's ``PPOTrainer`` (or of a trainer derived from it) whose
+    training rollout is the farm: ``make_engine(rollout_config)`` builds the
+    :class:`FarmInferenceEngine` (initialized here). Evaluation keeps AReaL's own engine
+    (the farm does not evaluate). A trainer class without AReaL 1.0.x's
+    ``_init_rollout(self, rollout_config, is_eval, lora_path)`` is refused
+    (:class:`~queue_rollout.errors.BadInput`, naming what it found)."""
+    import inspect
+    from importlib import metadata
+
+    hook = getattr(trainer_cls, "_init_rollout", None)
+    found = (tuple(inspect.signature(hook).parameters) if callable(hook) else None)
+    if not callable(hook) or found != ROLLOUT_HOOK:
+        try:
+            version = f"AReaL {metadata.version('areal')}"
+        except metadata.PackageNotFoundError:
+            version = "this AReaL"
+        what = "has none" if found is None else f"takes ({', '.join(found)})"
+        raise BadInput(
+            f"{version}: {trainer_cls.__qualname__}._init_rollout {what}, where AReaL "
+            f"{AREAL_VERSION} takes ({', '.join(ROLLOUT_HOOK)}); the farm's engine "
+            "cannot take the rollout's place in this trainer. Build the engine yourself "
+            "(FarmInferenceEngine) in a training loop of your own, or use an AReaL 1.0.x")
+
+    def _init_rollout(self: Any, rollout_config: Any, is_eval: bool = False,
+                      lora_path: str | None = None) -> Any:
+        if is_eval:  # AReaL's own engine, on its own servers
+            return hook(self, rollout_config, is_eval=True, lora_path=lora_path)
+        if lora_path is not None:
+            raise BadInput("the farm's engine does not serve LoRA adapters: unset "
+                           "actor.use_lora")
+        engine = make_engine(rollout_config)
+        engine.initialize()
+        return engine
+
+    return type(f"Farm{trainer_cls.__name__}", (trainer_cls,),
+                {"_init_rollout": _init_rollout, "__module__": __name__,
+                 "__doc__": f"{trainer_cls.__qualname__} with the farm's rollout."})

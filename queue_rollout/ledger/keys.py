@@ -166,7 +166,8 @@ class Keys:
 
     @property
     def observations(self) -> str:
-        """Capped stream of histogram observations (episode_s, batch_interval_s, staleness)."""
+        """Capped stream of histogram observations (episode_s, batch_interval_s,
+        rollout_interval_s, staleness, tool_s)."""
         return self._k("observations")
 
     @property

@@ -60,6 +60,7 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
         "doubtful": c.get("doubtful", 0),
         "version": int(state.get("version", 0)),
         "paused": state.get("paused") == "1",
+        "pause_mode": state.get("pause_mode") if state.get("paused") == "1" else None,
         "budget_baseline": int(state.get("budget_baseline", 0)),
         "groups": {
             "pending": pending,
@@ -127,9 +128,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
     return "\n".join([
         f"farm {s['farm']} at {s['redis_url']}  mode={s['mode']}  version={s['version']}"
         + ("  PAUSED" if s["paused"] else ""),
-        f"slots     {s['reserved']}/{s['capacity']} reserved, {s['active_episodes']} running "
-        f"({s['active_episodes'] - s['tool_waits']} generating, {s['tool_waits']} in a tool "
-        f"wait), {s['doubtful']} doubtful",
+        f"slots     {s['reserved']}/{s['capacity']} reserved, {_running_text(s)}, "
+        f"{s['doubtful']} doubtful",
         f"groups    {g['pending']} pending, {g['in_flight']} in flight, {g['ready']} ready; "
         f"{g['accepted']} accepted, {g['rejected']} rejected, {g['consumed']} consumed; "
         f"{s['shapes_kept']} shapes kept for `plan --from-farm`",
@@ -145,6 +145,22 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
            f"{s['redis_wait_replicas']} replicas online: no ledger change completes until "
            "enough replicas hold it"] if _short(s) else []),
     ])
+
+
+#: What a pause does to the episodes it holds, by pause mode.
+HELD = {"in_place": "paused in place", "abort": "paused, their requests aborted",
+        "retract": "paused, their KV retracted"}
+
+
+def _running_text(s: dict[str, Any]) -> str:
+    """The running attempts: generating and in a tool wait, or, while the farm is
+    paused, held by the pause."""
+    tool = s["tool_waits"]
+    if s["paused"]:
+        held = HELD.get(s["pause_mode"] or "", "paused")
+        return f"{s['active_episodes'] - tool} held ({held}), {tool} in a tool wait"
+    return (f"{s['active_episodes']} running ({s['active_episodes'] - tool} generating, "
+            f"{tool} in a tool wait)")
 
 
 def _collector_text(c: dict[str, Any]) -> str:

@@ -52,12 +52,13 @@ def dashboard() -> dict:
 
 
 def panels(board: dict) -> list[dict]:
-    """Every panel, rows' collapsed panels included."""
+    """Every panel that queries, rows' collapsed panels included (rows and text left
+    out)."""
     out = []
     for p in board["panels"]:
         out.append(p)
         out.extend(p.get("panels", []))
-    return [p for p in out if p.get("type") != "row"]
+    return [p for p in out if p.get("type") not in ("row", "text")]
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
@@ -292,7 +293,10 @@ def test_every_panel_queries_metrics_the_farm_exports(r):
     for alert, expr in alert_exprs():
         names = metric_names(expr) - {"up"}
         assert names <= exported, f"{alert}: {sorted(names - exported)} not exported"
-    needed = {"queue_rollout_sample_slots_reserved", "queue_rollout_sample_slots",
+    needed = {"queue_rollout_admission_mode_info", "queue_rollout_paused",
+              "queue_rollout_rollout_interval_seconds_bucket",
+              "queue_rollout_rollout_interval_seconds_sum",
+              "queue_rollout_sample_slots_reserved", "queue_rollout_sample_slots",
               "queue_rollout_active_episodes", "queue_rollout_groups_admitted_total",
               "queue_rollout_groups_accepted_total", "queue_rollout_groups_rejected_total",
               "queue_rollout_groups_ready", "queue_rollout_batch_interval_seconds_bucket",
@@ -303,6 +307,24 @@ def test_every_panel_queries_metrics_the_farm_exports(r):
               "queue_rollout_worker_slots"}
     used = set().union(*(metric_names(e) for _, e in dashboard_exprs()))
     assert needed <= used, f"no panel for {sorted(needed - used)}"
+
+
+def test_the_first_row_asks_whether_refill_helps():
+    """The dashboard opens on the mode, the occupancy, the slots reserved but not
+    running, the doubt and the rollout interval, and points at `plan --from-farm`."""
+    board = dashboard()["panels"]
+    assert board[0]["type"] == "row" and board[0]["title"] == "Is refill helping?"
+    end = next(i for i, p in enumerate(board[1:], 1) if p["type"] == "row")
+    first = board[1:end]
+    assert all(p["gridPos"]["y"] < board[end]["gridPos"]["y"] for p in first)
+    exprs = " ".join(t["expr"] for p in first for t in p.get("targets", []))
+    for name in ("queue_rollout_admission_mode_info", "queue_rollout_active_episodes",
+                 "queue_rollout_sample_slots", "queue_rollout_sample_slots_reserved",
+                 "queue_rollout_doubtful_attempts", "queue_rollout_paused",
+                 "queue_rollout_rollout_interval_seconds_bucket"):
+        assert name in metric_names(exprs), name
+    [text] = [p for p in first if p["type"] == "text"]
+    assert "plan --from-farm" in text["options"]["content"]
 
 
 def unfiltered_selectors(expr: str, matcher: str) -> list[str]:
@@ -371,6 +393,27 @@ class Trainer(threading.Thread):
             self.error = exc
 
 
+class RunningSampler(threading.Thread):
+    """Reads the ledger's running attempts every 0.1 s: (wall time, running) pairs."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(daemon=True, name="running-sampler")
+        self.ledger, self.stop = ledger, threading.Event()
+        self.samples: list[tuple[float, int]] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.samples.append((time.time(), self.ledger.counters().get("running", 0)))
+
+    def mean(self, start: float, end: float) -> float:
+        inside = [n for t, n in self.samples if start <= t <= end]
+        assert len(inside) > 100, f"{len(inside)} samples from {start} to {end}"
+        return sum(inside) / len(inside)
+
+
+OCCUPANCY_WINDOW_S = 40
+
+
 @pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)
 @pytest.mark.e2e
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, redis_url):
@@ -382,6 +425,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
                       timeouts={"shutdown_grace": 2}, metrics={"port": metrics_port})
     client = RolloutClient.from_config(toml)
     trainer = Trainer(client)
+    running = RunningSampler(client.ledger)
     procs: list[subprocess.Popen] = []
     prometheus: subprocess.Popen | None = None
     prom_log = tmp_path / "prometheus.log"
@@ -406,6 +450,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
         client.submit([{"id": f"p{i:04d}", "prompt": "x",
                         "member_lengths": [50 + 10 * (i % 10), 300]} for i in range(1500)])
         trainer.start()
+        running.start()
 
         # the target files `up` would write for these farms, read by the shipped
         # prometheus.yml (its file_sd path pointed at them, 1 s scrapes)
@@ -421,6 +466,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
             assert old in shipped, old
             shipped = shipped.replace(old, new)
         (tmp_path / "prometheus.yml").write_text(shipped)
+        prom_started = time.time()
         with prom_log.open("w") as log:
             prometheus = subprocess.Popen(
                 [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -503,7 +549,25 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, red
 
         wait("alert rules evaluate without error", rules_evaluated, timeout=10)
         assert trainer.batches > 0
+
+        # the occupancy stat over a window: the ledger's running over slots, averaged
+        # over the same window by the sampler
+        [stat] = [p for p in panels(dashboard()) if p["title"] == "Occupancy over the range"]
+        window = f"{OCCUPANCY_WINDOW_S}s"
+        occupancy = stat["targets"][0]["expr"].replace("$__range", window)
+        while time.time() < prom_started + OCCUPANCY_WINDOW_S + 4:  # scraped all along
+            assert trainer.error is None and prometheus.poll() is None
+            time.sleep(1)
+        end = time.time() - 1  # a scrape's value is in the TSDB by now
+        at = urllib.parse.urlencode({"query": substitute(occupancy), "time": f"{end:.3f}"})
+        [sample] = get_json(f"{api}/query?{at}")["result"]
+        panel = float(sample["value"][1])
+        ledger = running.mean(end - OCCUPANCY_WINDOW_S, end) / 8
+        assert 0 < ledger <= 1
+        assert abs(panel - ledger) <= 0.1 * ledger, (panel, ledger)
+        assert client.ledger.counters().get("running", 0) > 0  # busy to the end
     finally:
+        running.stop.set()
         trainer.stop.set()
         if trainer.is_alive():
             trainer.join(10)

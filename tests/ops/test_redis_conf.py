@@ -361,7 +361,7 @@ def test_the_farm_runs_end_to_end_as_collector_worker_and_trainer_users(
             trainer.pause()
             assert SGLangClient(engine.url).server_info()["paused"] == "in_place"
             trainer.resume()
-            trainer.update_weights("/models/step-3", 3)
+            trainer.update_weights(str(tmp_path), 3)  # a folder: the replica loads it
             assert SGLangClient(engine.url).server_info()["weight_version"] == "3"
             status = trainer.status()
             assert (status["workers"]["alive"], status["workers"]["slots"]) == (1, 2)

@@ -39,7 +39,7 @@ def test_rq_lists_every_slot_as_a_worker_of_the_farm_queue(tmp_path, redis_url, 
         proc = subprocess.Popen([exe, "worker", "--gpu", "0", "--engine-url", engine.url,
                                  "-c", str(toml)], stdout=subprocess.PIPE, text=True)
         try:
-            assert "2 episode slots in 1 processes" in proc.stdout.readline()
+            assert "2 episode slots in 1 process on " in proc.stdout.readline()
             workers = wait_for(lambda: (w := Worker.all(connection=r,
                                                         serializer=JSONSerializer))
                                and len(w) == 2 and w, what="2 RQ workers")

@@ -31,7 +31,8 @@ from queue_rollout.workers.supervisor import Supervisor
 from testkit import Generating, greedy, metric_sum, running, wait_for, write_farm
 
 
-def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url):
+def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, redis_url,
+                                                                         tmp_path):
     config = msgspec.convert({"farm": {"name": "sv", "redis_url": redis_url},
                               "engine": {"slots_per_replica": 5, "threads_per_process": 2}},
                              Config)
@@ -64,7 +65,7 @@ def test_registers_its_replica_lays_out_its_slots_and_follows_the_controls(r, re
 
         ledger.pause("abort")
         sup._follow_controls(registry)
-        weights = registry.request_weights("/models/step-7", 7)
+        weights = registry.request_weights(str(tmp_path), 7)
         sup._follow_controls(registry)
         assert registry.acks("weights", [sup.worker_id]) == {sup.worker_id: Ack(weights)}
         assert engine.server.model.weight_version == "7"

@@ -31,6 +31,7 @@ from queue_rollout.lab.virtual.ideal import rollout_settings
 from queue_rollout.lab.virtual.shape import Shape
 from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.launch.owner import Owner
+from queue_rollout.launch.targets import clear_targets, targets_path, write_up_targets
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
@@ -105,6 +106,8 @@ def run_mode(base: Config, redis_url: str, mode: str, root: Path,
     farm = LocalFarm(config, root / mode / "farm.toml",
                      log_dir=None if logs is None else logs / mode)
     farm.start()
+    # as `up` does: a Prometheus reading <state_dir>/demo/<mode>/prometheus scrapes it
+    write_up_targets(farm.config, farm.replica_urls)
     stop = threading.Event()
     report = ModeReport(mode)
     try:
@@ -126,6 +129,7 @@ def run_mode(base: Config, redis_url: str, mode: str, root: Path,
         report.accepted, report.rejected = c.get("accepted", 0), c.get("rejected", 0)
     finally:
         stop.set()
+        clear_targets(targets_path(config))
         farm.stop()
     return report
 

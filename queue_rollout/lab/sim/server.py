@@ -7,7 +7,8 @@ over the endpoints the worker uses, answering as SGLang >= 0.5.10 answers (see
 ``in_place``, ``retract``), ``/continue_generation``,
 ``/health``, ``/get_server_info`` (with this process's ``boot_id``),
 ``/get_model_info``, ``/update_weights_from_disk`` (refused with SGLang's 400 when its
-cache flush is: requests running or paused in place), ``/flush_cache``, ``/metrics``.
+``model_path`` is not a folder on this machine, nothing loaded, and when its cache
+flush is: requests running or paused in place), ``/flush_cache``, ``/metrics``.
 An rid still in flight is refused with 400; a client that disconnects aborts its
 request, as SGLang does. Each answer carries SGLang's ``weight_versions`` spans.
 
@@ -56,6 +57,9 @@ SAMPLING_KEYS = frozenset({
 CACHE_NOT_FLUSHED = ("Weights were updated, but the cache was not flushed because requests "
                      "are still running or queued. Retract or finish them, then call "
                      "/flush_cache.")
+#: How SGLang's answer to a weight update that found no weights begins (what follows
+#: names the loader's error: a missing folder, one without weights)
+WEIGHTS_NOT_FOUND = "Failed to get weights iterator:"
 CACHE_FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there "
                  "are running or waiting requests, the operation will not be performed.)\n")
 DEFAULT_SEED = 42  # SGLang's seed when none is given under deterministic inference
@@ -375,6 +379,10 @@ class SimEngineServer:
     async def _update_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         if not body.get("model_path"):
             raise _error(400, "model_path is required")
+        path = str(body["model_path"])
+        if not Path(path).is_dir():  # SGLang finds no weights there, and keeps its own
+            raise HTTPError(400, {"success": False, "num_paused_requests": 0, "message":
+                                  f"{WEIGHTS_NOT_FOUND} no weights folder at `{path}`."})
         if not self.model.paused:  # SGLang waits for in-flight generations to finish
             self._sync()
             await self._idle.wait()
@@ -386,7 +394,7 @@ class SimEngineServer:
                                          else str(version), bool(body.get("flush_cache", True))):
             raise HTTPError(400, {"success": False, "message": CACHE_NOT_FLUSHED,
                                   "num_paused_requests": 0})
-        self.model_path = str(body["model_path"])
+        self.model_path = path
         self.info_version = self.model.weight_version
         message = "Succeeded to update model weights."
         if version is not None:

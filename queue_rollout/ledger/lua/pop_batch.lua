@@ -5,7 +5,7 @@
 -- of their first delivery.
 --
 -- KEYS[1] = counters hash
--- KEYS[2] = state hash (version)
+-- KEYS[2] = state hash (version, last_batch_at, the pause flag and its times)
 -- KEYS[3] = groups hash
 -- KEYS[4] = ready list of group ids
 -- KEYS[5] = batches hash (consumer -> unacknowledged batch JSON)
@@ -42,7 +42,17 @@ for _, gid in ipairs(gids) do
 end
 redis.call('HSET', KEYS[5], consumer, batch)
 bump(KEYS[1], 'batches', 1)
-local last = redis.call('HGET', KEYS[2], 'last_batch_at')
-if last then observe(KEYS[6], 'batch_interval_s', now - tonumber(last)) end
+local last, paused, paused_at, resumed_at = unpack(redis.call('HMGET', KEYS[2],
+  'last_batch_at', 'paused', 'paused_at', 'resumed_at'))
+if last then
+  last = tonumber(last)
+  observe(KEYS[6], 'batch_interval_s', now - last)
+  -- the rollout interval leaves the training pause out: from the later of the last
+  -- batch and the last resume, to now or to the pause the farm sits in
+  local from, to = last, now
+  if resumed_at and tonumber(resumed_at) > from then from = tonumber(resumed_at) end
+  if paused == '1' and paused_at and tonumber(paused_at) > from then to = tonumber(paused_at) end
+  observe(KEYS[6], 'rollout_interval_s', to - from)
+end
 redis.call('HSET', KEYS[2], 'last_batch_at', now)
 return {'delivered', batch}

@@ -2,7 +2,7 @@
 -- Each raise starts a new pause epoch: workers acknowledge the epoch once their
 -- replica has paused in the given mode, which is what pause() waits for.
 --
--- KEYS[1] = state hash (paused, pause_epoch, pause_mode)
+-- KEYS[1] = state hash (paused, paused_at, pause_epoch, pause_mode, resumed_at)
 -- KEYS[2] = wake stream (an idle collector waits on it)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = "1" to pause, "0" to resume
@@ -16,5 +16,6 @@ if ARGV[2] == '1' then
   redis.call('HSET', KEYS[1], 'pause_mode', ARGV[3])
   return {'paused', previous, epoch}
 end
+if previous == '1' then redis.call('HSET', KEYS[1], 'resumed_at', ARGV[1]) end
 wake(KEYS[2], 'resume')
 return {'resumed', previous}

@@ -69,6 +69,15 @@ def test_status_json_has_the_design_shape(tmp_path, redis_url, make_ledger, caps
     assert main(["status", "-c", str(path)]) == 0
     assert ("slots     2/6 reserved, 1 running (1 generating, 0 in a tool wait), 0 doubtful"
             in capsys.readouterr().out)
+    # paused in place: what runs is held, not generating
+    ledger.pause("in_place")
+    assert main(["status", "--json", "-c", str(path)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["paused"] and s["pause_mode"] == "in_place"
+    assert main(["status", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "slots     2/6 reserved, 1 held (paused in place), 0 in a tool wait, 0 doubtful" in out
+    assert "generating" not in out
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

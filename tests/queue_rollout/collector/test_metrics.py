@@ -23,7 +23,8 @@ DESIGN_METRICS = [
     "policy_version", "consumed_group_staleness_bucket", "admission_blocked_total",
     "workers_alive", "attempt_retries_total", "partial_groups", "redis_used_memory_bytes",
     "redis_wait_replicas", "redis_replicas_acked", "prefill_tokens_total",
-    "batches_released_total", "acks_refused_total",
+    "batches_released_total", "acks_refused_total", "admission_mode_info", "paused",
+    "rollout_interval_seconds_bucket",
 ]
 
 
@@ -71,10 +72,14 @@ def test_exports_every_design_metric_with_ledger_values(r, clock):
         assert 'queue_rollout_prefill_tokens_total{farm="m",kind="computed"} 101.0' in text
         assert 'queue_rollout_prefill_tokens_total{farm="m",kind="cached"} 99.0' in text
         assert 'queue_rollout_admission_blocked_total{farm="m",reason="capacity"} 1.0' in text
+        assert 'queue_rollout_admission_mode_info{farm="m",mode="sample"} 1.0' in text
+        assert sample(text, "paused") == 0
+        ledger.set_paused(True)
         r.hset(ledger.keys.counters, mapping={"failed:oversized": 3, "failed:max_attempts": 1,
                                               "released": 2, "acks_refused": 1})
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert sample(text, "batches_released_total") == 2
+        assert sample(text, "paused") == 1
         assert sample(text, "acks_refused_total") == 1
         assert 'queue_rollout_episodes_failed_total{farm="m",reason="oversized"} 3.0' in text
         assert 'queue_rollout_episodes_failed_total{farm="m",reason="max_attempts"} 1.0' in text

@@ -15,7 +15,12 @@ import pytest
 
 from queue_rollout.engines.concurrency import parse_metrics
 from queue_rollout.engines.sglang import DuplicateRid, EngineError, Generation, SGLangClient
-from queue_rollout.lab.sim.server import CACHE_FLUSHED, CACHE_NOT_FLUSHED, ThreadedSimEngine
+from queue_rollout.lab.sim.server import (
+    CACHE_FLUSHED,
+    CACHE_NOT_FLUSHED,
+    WEIGHTS_NOT_FOUND,
+    ThreadedSimEngine,
+)
 from testkit import Generating, metric_sum, running, wait_for
 
 PROMPT = [5, 6, 7]
@@ -32,8 +37,10 @@ class Engine:
 @pytest.fixture(params=["sim", pytest.param("sglang", marks=pytest.mark.sglang)])
 def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     if request.param == "sim":
+        other = request.getfixturevalue("tmp_path") / "other-weights"  # a folder, as SGLang needs
+        other.mkdir()
         with ThreadedSimEngine(slots=8, step_ms=20.0, context_length=4096) as sim:  # 50/s
-            yield Engine(SGLangClient(sim.url, timeout=60), "/models/other", long=150)
+            yield Engine(SGLangClient(sim.url, timeout=60), str(other), long=150)
     else:
         real = request.getfixturevalue("real_sglang")
         yield Engine(SGLangClient(real.url, timeout=120), str(real.other_weights))
@@ -110,6 +117,24 @@ def test_a_weight_update_while_idle_loads_and_later_tokens_carry_its_version(
     assert g.weight_version == "v-b"
     info = client._control("GET", "/model_info")
     assert (info["model_path"], info["weight_version"]) == (engine.other_weights, "v-b")
+
+
+def test_a_weight_update_from_a_path_that_does_not_exist_is_refused_and_loads_nothing(
+        engine: Engine, tmp_path) -> None:
+    client = engine.client
+    before = client._control("GET", "/model_info")
+    missing = tmp_path / "no-such-weights"
+    with pytest.raises(EngineError) as refused:
+        client._control("POST", "/update_weights_from_disk",
+                        {"model_path": str(missing), "weight_version": "v-x"})
+    assert refused.value.status == 400
+    assert WEIGHTS_NOT_FOUND in str(refused.value)
+    after = client._control("GET", "/model_info")
+    assert (after["model_path"], after["weight_version"]) == (before["model_path"],
+                                                              before["weight_version"])
+    g = client.generate("still", input_ids=PROMPT, timeout=60,
+                        sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+    assert g.weight_version == before["weight_version"]
 
 
 def test_a_stop_token_ends_the_output_with_it_and_says_stop(engine: Engine) -> None:

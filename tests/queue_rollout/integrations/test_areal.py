@@ -2,7 +2,9 @@
 ``real_engine.server.find_areal_python``; the tests skip without it, and fail in CI):
 the engine's refusals and its stale-token mask, and ``examples/areal_grpo_tiny.py``
 driving the engine in AReaL's trainer order against a farm of simulated replicas, its
-batch dicts compared with what AReaL's own RLVRWorkflow makes of the same episodes."""
+batch dicts compared with what AReaL's own RLVRWorkflow makes of the same episodes; and
+the trainer hook the farm overrides (checked against AReaL's source; its override and
+refusal need no AReaL)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from real_engine.server import AREAL_PYTHON_ENV, AREAL_VERSION, CACHE, find_area
 
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
+from queue_rollout.errors import BadInput
 from testkit import farm_up, grpo_sim_farm, write_farm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -200,3 +203,71 @@ def test_engine_driven_in_areal_trainer_order_on_simulated_replicas(
     assert len(groups) == len(set(groups)) == 3 * B
     assert all(s["stats"]["farm/groups"] == B for s in steps)
     assert Path(report["path"]).name == "weight_update_v6"
+
+
+# -- the trainer's rollout hook ---------------------------------------------------------
+
+
+class Engine:
+    """What with_farm_rollout builds and initializes."""
+
+    def __init__(self, config: object) -> None:
+        self.config, self.initialized = config, False
+
+    def initialize(self) -> None:
+        self.initialized = True
+
+
+class TrainerOf104:
+    """AReaL 1.0.4's PPOTrainer, as far as the hook goes."""
+
+    def _init_rollout(self, rollout_config, is_eval=False, lora_path=None):
+        return ("areal's own engine", rollout_config, is_eval, lora_path)
+
+
+def test_the_farm_builds_the_training_rollout_and_evaluation_keeps_areal_s():
+    from queue_rollout.integrations.areal import with_farm_rollout
+
+    farm_trainer = with_farm_rollout(TrainerOf104, Engine)
+    assert issubclass(farm_trainer, TrainerOf104) and farm_trainer.__name__ == "FarmTrainerOf104"
+    trainer = farm_trainer()
+    engine = trainer._init_rollout("cfg", is_eval=False, lora_path=None)
+    assert isinstance(engine, Engine) and engine.config == "cfg" and engine.initialized
+    assert trainer._init_rollout("cfg", is_eval=True) == ("areal's own engine", "cfg", True, None)
+    with pytest.raises(BadInput, match="LoRA"):
+        trainer._init_rollout("cfg", lora_path="/lora")
+
+
+def test_a_trainer_whose_hook_changed_is_refused_naming_it():
+    from queue_rollout.integrations.areal import with_farm_rollout
+
+    class Renamed:
+        def _init_rollout(self, config, eval_mode=False):
+            return None
+
+    with pytest.raises(BadInput) as refused:
+        with_farm_rollout(Renamed, Engine)
+    message = str(refused.value)
+    assert ("Renamed._init_rollout takes (self, config, eval_mode), where AReaL 1.0.4 takes "
+            "(self, rollout_config, is_eval, lora_path)") in message
+    assert "training loop of your own" in message
+    with pytest.raises(BadInput, match="_init_rollout has none"):
+        with_farm_rollout(object, Engine)
+
+
+def test_the_installed_areal_s_trainer_has_the_hook_the_farm_overrides(areal_python):
+    """Read from AReaL's source (its trainer module imports more than the API venv
+    holds): PPOTrainer._init_rollout takes what with_farm_rollout expects."""
+    import ast
+
+    from queue_rollout.integrations.areal import ROLLOUT_HOOK
+
+    origin = subprocess.run(
+        [areal_python, "-c", "import importlib.util; print(importlib.util.find_spec("
+                             "'areal').submodule_search_locations[0])"],
+        capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    tree = ast.parse((Path(origin) / "trainer" / "rl_trainer.py").read_text())
+    [trainer] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer"]
+    [hook] = [n for n in trainer.body
+              if isinstance(n, ast.FunctionDef) and n.name == "_init_rollout"]
+    assert tuple(a.arg for a in hook.args.args) == ROLLOUT_HOOK

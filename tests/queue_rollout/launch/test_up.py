@@ -20,7 +20,7 @@ import pytest
 
 from queue_rollout.config import Config
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.launch.up import LocalFarm
+from queue_rollout.launch.up import LocalFarm, footprint, shape_line
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
@@ -77,6 +77,26 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
                                          timeout=5).read().decode()
         assert 'queue_rollout_groups_consumed_total{farm="up"} 4.0' in metrics
     assert not (state / "redis.url").exists()
+
+
+def test_up_says_how_many_processes_it_starts_and_how_to_start_fewer():
+    """The defaults: a simulated replica's 16 slots in one episode process (146
+    processes with one per slot); SGLang's replicas are not `up`'s, a Redis of one's
+    own is not either."""
+    default = msgspec.convert({}, Config)
+    assert footprint(default) == (26, pytest.approx(0.861))
+    assert shape_line(default) == (
+        "8 replicas x 16 slots in 26 processes, about 0.9 GB; smaller: engine.replicas, "
+        "engine.slots_per_replica in a config (-c farm.toml)")
+    per_slot = msgspec.convert({"engine": {"threads_per_process": 1}}, Config)
+    assert shape_line(per_slot).startswith("8 replicas x 16 slots in 146 processes, about "
+                                           "5.4 GB; ")
+    assert "more engine.threads_per_process (slots in one process)" in shape_line(per_slot)
+    sglang = msgspec.convert({"farm": {"redis_url": "redis://r:6379/0"},
+                              "engine": {"kind": "sglang", "urls": ["http://a:1", "http://b:1"],
+                                         "slots_per_replica": 4}}, Config)
+    assert footprint(sglang)[0] == 1 + 2 * (1 + 4)  # the collector, the workers, a process a slot
+    assert "engine.replicas" not in shape_line(sglang)
 
 
 def redis_servers_on(data_dir: Path) -> list[int]:
@@ -360,9 +380,13 @@ def test_ctrl_c_says_what_it_waits_for_and_stops_within_the_grace(tmp_path):
 def test_a_second_ctrl_c_stops_every_process_at_once(tmp_path):
     up, _ = running_farm(tmp_path, "cc2", 120)
     tree = process_tree(up.pid)
-    assert len(tree) > 6  # redis, replicas, workers, their episode processes, collector
+    # what `up` said it starts: redis, 2 replicas, 2 workers with an episode process
+    # each, the collector (and `up` itself)
+    assert up.stderr is not None
+    assert up.stderr.readline().startswith("farm cc2: 2 replicas x 2 slots in 8 processes, ")
+    assert len(tree) == 8 + 1
     os.killpg(up.pid, signal.SIGINT)
-    assert up.stderr is not None and "Ctrl-C again to stop now" in up.stderr.readline()
+    assert "Ctrl-C again to stop now" in up.stderr.readline()
     os.killpg(up.pid, signal.SIGINT)
     stopped_at = time.monotonic()
     out, err = up.communicate(timeout=120)
@@ -387,8 +411,11 @@ def test_up_with_its_metrics_port_in_use_stops_saying_so_with_exit_2(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("queue-rollout: collector exited with 2 (bad input or config), "
                            f"not restarted: metrics.port {port} is in use: ")
-    # the reason comes before what stopping waits for
+    # first what it starts, then the reason, then what stopping waits for
     said = done.stderr.splitlines()
+    assert said[0] == ("farm busy: 2 replicas x 2 slots in 8 processes, about 0.3 GB; "
+                       "smaller: engine.replicas, engine.slots_per_replica in a config "
+                       "(-c farm.toml)")
     reason = next(i for i, line in enumerate(said)
                   if line.startswith("farm busy: stopping: collector exited with 2"))
     assert all(i > reason for i, line in enumerate(said) if "no episode is running" in line)
@@ -406,6 +433,8 @@ def test_up_does_not_claim_a_farm_whose_worker_cannot_reach_its_replica(tmp_path
                          engine={"kind": "sglang", "urls": [url]})
     up = up_in_its_own_session(toml)
     assert up.stderr is not None
+    shape = up.stderr.readline()  # at once
+    assert shape.startswith("farm dead: 1 replica x 2 slots in 5 processes, "), shape
     line = up.stderr.readline()  # after 10 s
     assert line.startswith("farm dead: waiting 10 s for: worker gpu0 (not registered yet"), line
     assert f"waiting for its replica {url}: connection refused" in line

@@ -292,6 +292,41 @@ def test_pop_batch_hands_out_exactly_b_groups_once_and_redelivers_until_ack(make
     assert ledger.result(first.batch.groups[0], 0) is None  # purged after ack
 
 
+def test_the_rollout_interval_leaves_the_training_pause_out(make_ledger, r, clock):
+    """Each delivery after the first observes the batch interval and the rollout
+    interval: from the later of the last delivery and the last resume, to now or to the
+    pause the farm sits in."""
+    ledger = make_ledger(group_size=1, batch_size=1, max_concurrent_samples=10,
+                         max_staleness=4)
+    ledger.submit(trivial_prompts(4))
+    groups = admit_groups(ledger, 4)
+
+    def deliver(after_s: float) -> None:
+        clock.advance(after_s)
+        group = groups.pop(0)
+        complete_group(ledger, group)
+        assert ledger.judge(group.group_id, accept=True).status == "accepted"
+        delivery = ledger.pop_batch("t")
+        assert delivery is not None and ledger.ack("t", delivery.batch.id).status == "acked"
+
+    def observed(kind: bytes) -> list[float]:
+        return [float(f[b"v"]) for _, f in r.xrange(ledger.keys.observations)
+                if f[b"k"] == kind]
+
+    deliver(5)  # the first: nothing to measure from
+    ledger.set_paused(True)
+    clock.advance(30)  # training
+    ledger.set_paused(False)
+    deliver(7)  # 37 s after the last batch, 7 s of it generating
+    assert ledger.set_paused(False) is False  # a resume without a pause moves nothing
+    deliver(4)  # no pause in between: the batch interval
+    clock.advance(6)
+    ledger.set_paused(True)  # delivered while paused: generation stopped 6 s in
+    deliver(20)
+    assert observed(b"batch_interval_s") == [37, 4, 26]
+    assert observed(b"rollout_interval_s") == [7, 4, 6]
+
+
 def test_judge_acknowledges_the_stream_entry_and_judges_once(make_ledger, r):
     ledger = make_ledger(group_size=1, max_concurrent_samples=4)
     r.xgroup_create(ledger.keys.events, EVENTS_GROUP, id="0", mkstream=True)

@@ -85,6 +85,9 @@ def test_the_stack_demo_runs_both_modes_through_real_processes_and_keeps_logs_of
         names = {p.name for p in (logs / mode).iterdir()}
         assert {"worker-0.log", "worker-1.log", "replica-0.log", "collector.log"} <= names
         assert "episode process" in (logs / mode / "worker-0.log").read_text()
+        # a Prometheus could follow each farm as it ran: its targets, emptied at its end
+        targets = tmp_path / ".queue-rollout" / "demo" / mode / "prometheus" / "targets.json"
+        assert targets.read_text().strip() == "[]"
     assert "worker gpu0 started" in (logs / "demo.log").read_text()
 
 

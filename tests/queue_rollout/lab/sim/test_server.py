@@ -136,10 +136,10 @@ def test_pause_in_place_holds_requests_and_abort_mode_ends_them(slow_replica):
     assert out2["value"].completion_tokens == 1
 
 
-def test_weight_update_sets_the_version_reported_with_results(replica):
+def test_weight_update_sets_the_version_reported_with_results(replica, tmp_path):
     client = replica.client
     client.pause("in_place")
-    result = client.update_weights_from_disk("/models/step-3", weight_version="3")
+    result = client.update_weights_from_disk(str(tmp_path), weight_version="3")
     client.resume()
     assert result["success"] and "Weight version updated to 3" in result["message"]
     gen = client.generate("w", input_ids=[1], sampling_params={"max_new_tokens": 3}, timeout=5)
