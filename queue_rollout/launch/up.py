@@ -75,23 +75,27 @@ SAY_S = 10.0
 PYTHON_MB, SIM_REPLICA_MB, REDIS_MB = 38, 25, 15
 
 
+def _replicas(config: Config) -> int:
+    """The replicas `up` runs workers for: its own simulated ones, or ``engine.urls``."""
+    e = config.engine
+    return e.replicas if e.kind == "sim" else len(e.urls)
+
+
 def footprint(config: Config) -> tuple[int, float]:
     """The processes `up` starts for *config* and about how many GB they hold resident:
     the embedded Redis (without ``farm.redis_url``), the simulated replicas (``sim``),
     per replica a worker and its episode processes, and the collector."""
-    e = config.engine
-    replicas = e.replicas if e.kind == "sim" else len(e.urls)
+    e, replicas = config.engine, _replicas(config)
     python = 1 + replicas * (1 + e.episode_processes)
-    processes = python + (replicas if e.kind == "sim" else 0) + (0 if config.farm.redis_url else 1)
-    mb = (python * PYTHON_MB + (replicas * SIM_REPLICA_MB if e.kind == "sim" else 0)
-          + (0 if config.farm.redis_url else REDIS_MB))
-    return processes, mb / 1000
+    sim = replicas if e.kind == "sim" else 0
+    redis = 0 if config.farm.redis_url else 1
+    return (python + sim + redis,
+            (python * PYTHON_MB + sim * SIM_REPLICA_MB + redis * REDIS_MB) / 1000)
 
 
 def shape_line(config: Config) -> str:
     """What `up` is about to start, and how to make it smaller."""
-    e = config.engine
-    replicas = e.replicas if e.kind == "sim" else len(e.urls)
+    e, replicas = config.engine, _replicas(config)
     processes, gb = footprint(config)
     knobs = ["engine.replicas"] if e.kind == "sim" else []
     knobs.append("engine.slots_per_replica")
