@@ -75,6 +75,11 @@ OOM_MESSAGE = ("Out of memory even after retracting all other requests in the de
 _EPS = 1e-6
 
 
+#: The prompt's first token ids a request's log entry carries: whose request it was,
+#: for a client that sends no rid.
+PROMPT_HEAD = 8
+
+
 def recomputed_tokens(log: Iterable[dict[str, Any]]) -> int:
     """Context tokens the requests of a request *log* computed more than once: what a
     request prefilled beyond its first admission's share (its prompt less what it found
@@ -539,12 +544,16 @@ class SimModel:
         self._release(r)
         self._fit()
         self._batch_full = False
+        # its tokens' versions as they stand: a weight update before its answer is sent
+        # does not relabel them
+        r.version_events.append((self.weight_version, r.tokens))
         self.counters.generation_tokens += r.tokens
         if finish_reason["type"] == "abort":
             self.counters.aborted_requests += 1
         self.log.append({"rid": r.rid, "seed": r.seed, "arrived": r.arrived,
                          "started": r.started, "ended": self.now, "tokens": r.tokens,
                          "prompt_tokens": len(r.prompt), "cached_tokens": r.cached_tokens,
+                         "prompt_head": [int(t) for t in r.prompt[:PROMPT_HEAD]],
                          "retractions": r.retractions, "prefill_tokens": r.computed_tokens,
                          "finish": finish_reason["type"]})
         if r.on_done is not None:

@@ -383,6 +383,11 @@ class SimEngineServer:
         if not Path(path).is_dir():  # SGLang finds no weights there, and keeps its own
             raise HTTPError(400, {"success": False, "num_paused_requests": 0, "message":
                                   f"{WEIGHTS_NOT_FOUND} no weights folder at `{path}`."})
+        if body.get("abort_all_requests"):  # SGLang aborts every request first
+            self._sync()
+            self.model.abort(abort_all=True)
+            self._sync()
+            self._wake.set()
         if not self.model.paused:  # SGLang waits for in-flight generations to finish
             self._sync()
             await self._idle.wait()
@@ -478,7 +483,8 @@ class SimEngineServer:
             "id": r.rid, "finish_reason": reason, "prompt_tokens": len(r.prompt),
             "completion_tokens": n, "cached_tokens": r.cached_tokens,
             "num_retractions": r.retractions,
-            "weight_version": self.model.weight_version,
+            "weight_version": r.version_events[-1][0] if r.version_events
+            else self.model.weight_version,
             "weight_versions": self.model.version_spans(r),
             "e2e_latency": now - r.arrived,
         }

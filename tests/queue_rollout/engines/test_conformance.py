@@ -202,6 +202,30 @@ def test_a_pause_and_a_weight_update_while_requests_run(engine: Engine, mode: st
         assert g.meta_info["num_retractions"] == 1  # in place, then retracted for the update
 
 
+def test_a_weight_update_that_aborts_all_requests_ends_them_with_what_they_made(
+        engine: Engine) -> None:
+    """AReaL's disk update: ``abort_all_requests`` while two requests run, the replica
+    not paused. Both end at once with their partial output, all of it under the old
+    version (not relabelled by the update that ended them); the weights load; the next
+    request carries the new version."""
+    client = engine.client
+    before = client._control("GET", "/model_info")["weight_version"]
+    n = engine.long
+    long = Generating(client, ["abort-all-a", "abort-all-b"], n)
+    wait_for(lambda: running(client) == 2, 60, "two requests to run")
+    time.sleep(0.5)  # a few tokens each
+    answer = client._control("POST", "/update_weights_from_disk",
+                             {"model_path": engine.other_weights, "weight_version": "v-all",
+                              "abort_all_requests": True})
+    assert answer["success"] is True
+    for g in long.join(60).values():
+        assert g.aborted and 0 < len(g.output_ids) < n
+        assert g.weight_spans == ((before, 0, len(g.output_ids)),)
+    after = client.generate("after-abort-all", input_ids=PROMPT, timeout=60,
+                            sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+    assert after.weight_version == "v-all"
+
+
 def test_flush_cache_is_refused_while_a_request_runs_and_empties_the_cache_after(
         engine: Engine) -> None:
     client = engine.client
