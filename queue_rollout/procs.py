@@ -92,6 +92,24 @@ def start_time(pid: int) -> int | None:
     return None if fields is None else int(fields[19])
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) of process *pid*, of its children it has waited
+    for, and of its live descendants; 0 for a process that is gone."""
+    fields = _stat(pid)
+    if fields is None:
+        return 0.0
+    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return own + sum(tree_cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in task.read_text().split()]
+    return out
+
+
 def running(pid: int) -> bool:
     """Process *pid* exists and is not a zombie."""
     fields = _stat(pid)

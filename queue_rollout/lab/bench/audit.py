@@ -20,12 +20,14 @@ def manifest_turns(prompt: dict[str, Any]) -> list[list[int]]:
 
 
 def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool = True,
-          run_seed: int = 0, request_logs: bool = True) -> list[str]:
+          run_seed: int = 0, request_logs: bool = True, resumed: bool = False) -> list[str]:
     """Every problem found; empty when the runs are sound. *complete*: every group was
     to be delivered (else only what was delivered is checked: rolling consumption stops
     with groups in flight). With *request_logs* (simulated replicas), each delivered
     member's calls are found in the replicas' logs by their sampling seeds: one request
-    per call, its exact length, the rids of one attempt's turns."""
+    per call, its exact length, the rids of one attempt's turns. With *resumed* (a
+    pause that aborts: a call cut short goes on as a further request), the replicas ran
+    at least one request per call, and every token once."""
     problems: list[str] = []
     want = {p["id"]: manifest_turns(p) for p in prompts}
     for run in runs:
@@ -65,7 +67,7 @@ def audit(prompts: list[dict[str, Any]], runs: list[ModeRun], *, complete: bool 
             requests = run.engine_counters.get("requests")
             generated = run.engine_counters.get("generation_tokens")
         if complete:
-            if requests != calls:
+            if requests is None or requests < calls or (requests != calls and not resumed):
                 problems.append(f"{tag}: the replicas ran {requests} requests for {calls} "
                                 "model calls")
             if generated != run.output_tokens:

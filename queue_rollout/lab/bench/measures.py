@@ -49,10 +49,26 @@ class ModeRun:
     #: requests sampled (seconds since submission, count); no request log
     engine_counters: dict[str, float] = field(default_factory=dict)
     served: list[tuple[float, int]] = field(default_factory=list)
+    farm: str = ""  # the farm's name (its ledger's keys)
+    #: group -> when its batch reached the trainer (wall clock, the ledger's)
+    delivered_at: dict[str, float] = field(default_factory=dict)
+    #: (group, member) -> when it was sent (wall clock), where the rollout says
+    sent: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: group -> when it was whole and accepted (wall clock), where the rollout says
+    accepted_at: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds the rollout's own processes spent from submission to the last batch
+    #: (the farm: workers, their episode processes and the collector, not Redis)
+    cpu_s: float | None = None
 
     @property
     def delivered_digest(self) -> str:
         return manifest_digest(self.delivered_prompts)
+
+    @property
+    def mean_pause_s(self) -> float:
+        """How long generation stood still for the trainer, on average (nan: never)."""
+        return (sum(b - a for a, b in self.pauses) / len(self.pauses) if self.pauses
+                else float("nan"))
 
     @property
     def pause_ends(self) -> list[float]:

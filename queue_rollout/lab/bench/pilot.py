@@ -53,8 +53,13 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.jobs import episode_queue
-from queue_rollout.procs import Supervised, stop_all
+from queue_rollout.procs import Supervised, stop_all, tree_cpu_seconds
 from queue_rollout.progress import LiveView
+
+
+def farm_cpu_seconds(farm: LocalFarm) -> float:
+    """CPU seconds a farm's processes (and their descendants) have spent so far."""
+    return sum(tree_cpu_seconds(c.proc.pid) for c in farm.children() if c.proc is not None)
 
 
 def wait_for_rq_workers(queue: Queue, count: int, timeout: float = 120.0) -> None:
@@ -114,8 +119,12 @@ class Bench:
     # -- one mode ----------------------------------------------------------------------
 
     def run_mode(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
-                 max_staleness: int, placement: str = "any", adaptive: bool = False
+                 max_staleness: int, placement: str = "any", adaptive: bool = False,
+                 pause_mode: PauseMode | None = None, weights: Path | None = None
                  ) -> ModeRun:
+        """One run of *mode* over *prompts* on its own farm. *pause_mode*: the
+        replicas' (default: the engine section's); *weights*: the trainer keeps AReaL's
+        order, each replica loading this folder at every version step."""
         self.runs += 1
         s, train_s = self.shape, self.shape.train_s * self.scale.time
         state = self.workdir / f"run-{self.runs}"
@@ -125,7 +134,8 @@ class Bench:
                      "redis_url": self.redis_url, "state_dir": str(state)},
             "rollout": rollout_settings(s, mode, max_staleness, placement, adaptive),
             "workflow": {"name": workflow},
-            "engine": {**self.engine_section(), **(self.adaptive_section() if adaptive else {})},
+            "engine": {**self.engine_section(), **(self.adaptive_section() if adaptive else {}),
+                       **({"pause_mode": pause_mode} if pause_mode else {})},
             "collector": {"step_ms": self.scale.collector_step_ms},
             "metrics": {"port": free_port()},
             "timeouts": {"shutdown_grace": 2, "pause_barrier": 30},
@@ -135,7 +145,8 @@ class Bench:
                          log_dir=state if self.logs else None)
         farm.start()
         stop = threading.Event()
-        run = ModeRun(mode, s.slots, placement, adaptive, batch_size=s.batch_size)
+        run = ModeRun(mode, s.slots, placement, adaptive, batch_size=s.batch_size,
+                      farm=config.farm.name)
         try:
             redis_client = connect(self.redis_url)  # the bench's own reads of Redis
             client = RolloutClient(Ledger.from_config(redis_client, config), config)
@@ -143,6 +154,7 @@ class Bench:
             wait_for_rq_workers(episode_queue(redis_client, client.ledger.keys), s.slots)
             batches = s.stop_after or -(-len(prompts) // s.batch_size)
             redis_before = read(redis_client)
+            cpu_before = farm_cpu_seconds(farm)
             t0 = run.started_at = time.monotonic()
             client.submit(prompts)
             sampler = RunningSampler(client.ledger, t0, max(0.01, self.scale.time / 2))
@@ -151,22 +163,26 @@ class Bench:
             def ready(taken: TakenBatch) -> None:
                 run.ready.append(taken.ready)
                 run.accepted_at_ready.append(client.ledger.counters().get("accepted", 0))
+                at = time.time()
                 for g in taken.batch.groups:
+                    run.delivered_at[g.id] = at
                     run.delivered[g.id] = [len(m.output_ids) for m in g.members]
                     run.delivered_turns[g.id] = [m.turn_lengths for m in g.members]
                     run.delivered_prompts.append(g.prompt)
 
             def done(taken: TakenBatch) -> None:
-                if taken.resumed is not None:
-                    run.pauses.append((taken.ready, taken.resumed))
+                if taken.pause is not None:
+                    run.pauses.append(taken.pause)
                 self.progress(f"{profile.name} {mode}: batch {taken.index + 1}/{batches} "
                               f"ready at {taken.ready:.2f}s")
                 view.show(taken.index + 1, ready=f"{taken.ready:.1f}s")
 
             run_trainer(client, t0, batches=batches, train_batches=s.train_batches,
                         train_s=train_s, timeout=1800, max_poll_s=self.scale.trainer_poll_s,
+                        weights=None if weights is None else str(weights),
                         on_ready=ready, on_done=done)
             view.close()
+            run.cpu_s = farm_cpu_seconds(farm) - cpu_before
             run.redis = Window.between(redis_before, read(redis_client))
             run.in_flight = sampler.stop()
             run.counters = client.ledger.counters()

@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from queue_rollout.config import Config
+from queue_rollout.config import Config, PauseMode
 from queue_rollout.engines.concurrency import metric_totals
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
@@ -261,13 +261,21 @@ class RealBench(Bench):
             self.served[run_number] = samples
 
     def run_real(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
-                 adaptive: bool = False) -> ModeRun:
-        """One run of *mode* (audited later), with what the replicas saw attached."""
+                 adaptive: bool = False, pause_mode: PauseMode | None = None,
+                 weights: Path | None = None) -> ModeRun:
+        """One run of *mode* (audited later), with what the replicas saw attached;
+        *pause_mode* and *weights* as :meth:`Bench.run_mode` takes them."""
+        return self.observe_run(lambda: self.run_mode(
+            profile, mode, prompts, self.shape.max_staleness, adaptive=adaptive,
+            pause_mode=pause_mode, weights=weights))
+
+    def observe_run(self, go: Callable[[], ModeRun]) -> ModeRun:
+        """The run *go* makes (it counts itself in ``runs``), with the replicas'
+        counters and running requests over it attached."""
         number = self.runs + 1
         started = time.monotonic()
         with self.observed(number) as deltas:
-            run = self.run_mode(profile, mode, prompts, self.shape.max_staleness,
-                                adaptive=adaptive)
+            run = go()
         run.engine_counters = dict(deltas)
         t0 = run.started_at or started
         run.served = [(t - t0, n) for t, n in self.served[number]]

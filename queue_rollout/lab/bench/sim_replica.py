@@ -6,21 +6,13 @@ token; what it pays for is each request's arrival, prefix match, prefill and end
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from queue_rollout.ledger.embedded import free_port
-from queue_rollout.procs import cli_exe, spawn
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
+from queue_rollout.procs import cli_exe, spawn, tree_cpu_seconds
 
 #: The closed loop's requests: prompts of PREFIX shared tokens (one of PREFIXES) and
 #: UNIQUE tokens of their own, OUTPUT tokens each; 128 of them hold about 207,000 of
@@ -90,9 +82,9 @@ def run_sim_replica_bench(*, requests: int = 128, seconds: float = 60.0) -> SimR
         for t in threads:
             t.start()
         time.sleep(min(WARMUP_S, seconds))  # the first prefills; the prefixes cached
-        before, cpu0, t0 = _metrics(url), _cpu_seconds(proc.pid), time.monotonic()
+        before, cpu0, t0 = _metrics(url), tree_cpu_seconds(proc.pid), time.monotonic()
         time.sleep(seconds)
-        after, cpu1, t1 = _metrics(url), _cpu_seconds(proc.pid), time.monotonic()
+        after, cpu1, t1 = _metrics(url), tree_cpu_seconds(proc.pid), time.monotonic()
         stop.set()
         client.pause("abort")
         for t in threads:
