@@ -19,7 +19,16 @@ import pytest
 import redis
 from faultfarm import SHARED_REPLICAS, SLOTS, FaultServer, restore
 from hypothesis import settings
-from real_engine.server import INSTALL_HINT, RealServer, find_sglang_python, model
+from real_engine.server import (
+    AREAL_PYTHON_ENV,
+    AREAL_VERSION,
+    CACHE,
+    INSTALL_HINT,
+    RealServer,
+    find_areal_python,
+    find_sglang_python,
+    model,
+)
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.sglang import SGLangClient
@@ -148,6 +157,20 @@ def replicas(shared_replicas: list[FaultServer]) -> list[FaultServer]:
 def sglang_interpreter() -> str:
     """The Python that has SGLang (the test skips without one, and fails in CI)."""
     return _sglang_or_skip()
+
+
+@pytest.fixture(scope="session")
+def areal_python() -> str:
+    """The Python of the venv that has AReaL's API modules (the test skips without one,
+    and fails in CI)."""
+    python = find_areal_python()
+    if python is None:
+        hint = (f"no AReaL: make its venv as .ci/run does ({CACHE}/areal-{AREAL_VERSION}, "
+                f"this checkout installed there) or name its Python in {AREAL_PYTHON_ENV}")
+        if os.environ.get("CI") == "true":
+            pytest.fail(hint)
+        pytest.skip(hint)
+    return python
 
 
 def _sglang_or_skip() -> str:

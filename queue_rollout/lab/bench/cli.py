@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from queue_rollout.argtypes import fraction, non_negative, positive
@@ -24,6 +25,7 @@ BENCH_PROFILES = {
     "all": "28 min (every profile above)", "sim-replica": "1 min",
     "redis-load": "2 min", "real-sglang": "14 min (needs SGLang and --model)",
     "real-sglang-kv": "10 min (needs SGLang and --model)",
+    "peer-areal": "30 min (needs AReaL, SGLang and --model; --small: 2 min, AReaL only)",
 }
 
 
@@ -48,7 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "replicas on this machine's CPU (--model), beside the engine model "
                         "calibrated on group admission (not part of all); real-sglang-kv: "
                         "the same replicas short of KV memory, sample refill with fixed and "
-                        "adaptive slots")
+                        "adaptive slots; peer-areal: AReaL's own rollout against the farm's "
+                        "group admission and sample refill, on those real replicas and on "
+                        "simulated ones at the reference shape, and the control plane's "
+                        "price (needs AReaL's venv: QUEUE_ROLLOUT_AREAL_PYTHON)")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
     p.add_argument("--out", metavar="DIR", help="write report.md and PNG plots here "
                    "(needs matplotlib: queue-rollout[bench])")
@@ -90,14 +95,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="redis-load: private replicas following the Redis (default: "
                         "--wait-replicas); more than --wait-replicas are followed, not "
                         "waited for")
+    p.add_argument("--small", action="store_true",
+                   help="peer-areal: the simulated setting alone, 32 groups, one run per "
+                        "contender (no --model needed)")
     p.add_argument("--model", metavar="DIR",
-                   help="real-sglang: the model the replicas serve (SGLang's Python: "
+                   help="real-sglang, peer-areal: the model the replicas serve (SGLang's Python: "
                         "engine.python, else $QUEUE_ROLLOUT_SGLANG_PYTHON)")
     p.add_argument("--repeats", type=positive, default=3,
-                   help="real-sglang: runs per mode, alternating; the median is reported "
-                        "(default 3)")
+                   help="real-sglang, peer-areal: runs per mode (contender), alternating; "
+                        "the median is reported (default 3)")
     p.add_argument("--cores", default="0,1",
-                   help="real-sglang: the two CPU cores the replicas are pinned to "
+                   help="real-sglang, peer-areal: the two CPU cores the replicas are pinned to "
                         "(default 0,1)")
     p.add_argument("--requests", type=positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
@@ -173,6 +181,8 @@ def run(config: Config, args: argparse.Namespace) -> int:
 
     if args.profile in ("real-sglang", "real-sglang-kv"):
         return _bench_real_sglang(config, args)
+    if args.profile == "peer-areal":
+        return _bench_peer_areal(config, args)
     from queue_rollout.lab.bench.main import BenchArgs, run_bench
 
     if args.refit and args.profile not in ("swe-agentic", "boba-math"):
@@ -189,6 +199,23 @@ def run(config: Config, args: argparse.Namespace) -> int:
         workdir=Path(config.farm.state_dir) / "bench", verbose=args.verbose))
 
 
+def _cores(args: argparse.Namespace) -> tuple[int, int]:
+    try:
+        cores = tuple(int(c) for c in args.cores.split(","))
+    except ValueError:
+        cores = ()
+    if len(cores) != 2:
+        raise ConfigError(f"--cores: two cores, one per replica, like 0,1; got {args.cores!r}")
+    return cores[0], cores[1]
+
+
+def _progress() -> Callable[[str], None]:
+    """Progress lines on stderr, each with the seconds since the bench began."""
+    started = time.monotonic()
+    return lambda line: print(f"[{time.monotonic() - started:7.1f}s] {line}",
+                              file=sys.stderr, flush=True)
+
+
 def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.lab.bench.real_sglang import real_sglang_text, run_real_sglang, write_json
     from queue_rollout.launch.node import sglang_python
@@ -197,23 +224,38 @@ def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
     if not args.model:
         raise ConfigError("--model: the real-sglang profile needs the model its replicas "
                           "serve (a folder with config.json)")
-    try:
-        cores = tuple(int(c) for c in args.cores.split(","))
-    except ValueError:
-        cores = ()
-    if len(cores) != 2:
-        raise ConfigError(f"--cores: two cores, one per replica, like 0,1; got {args.cores!r}")
+    cores = _cores(args)
     work = (Path(config.farm.state_dir) / f"bench-{args.profile}").resolve()
     if not args.verbose:
         log_to_file(work.parent / f"bench-{args.profile}.log")
-    started = time.monotonic()
     result = run_real_sglang(
         Path(args.model).expanduser().resolve(), sglang_python(config.engine), work,
         kv_pressure=args.profile == "real-sglang-kv", repeats=args.repeats,
-        cores=(cores[0], cores[1]),
-        progress=lambda line: print(f"[{time.monotonic() - started:7.1f}s] {line}",
-                                    file=sys.stderr, flush=True))
+        cores=cores, progress=_progress())
     write_json(work / "result.json", result)
     print(json.dumps(result) if args.json else real_sglang_text(result))
+    print(f"logs and result.json: {work}", file=sys.stderr)
+    return 0
+
+
+def _bench_peer_areal(config: Config, args: argparse.Namespace) -> int:
+    from queue_rollout.lab.bench.peer_areal import peer_text, run_peer_areal, write_json
+    from queue_rollout.launch.node import sglang_python
+    from queue_rollout.progress import log_to_file
+
+    if not args.small and not args.model:
+        raise ConfigError("--model: peer-areal's real setting needs the model its SGLang "
+                          "replicas serve (a folder with config.json); --small runs the "
+                          "simulated setting alone")
+    cores = _cores(args)
+    work = (Path(config.farm.state_dir) / "bench-peer-areal").resolve()
+    if not args.verbose:
+        log_to_file(work.parent / "bench-peer-areal.log")
+    result = run_peer_areal(
+        work, model=Path(args.model).expanduser().resolve() if args.model else None,
+        sglang_python="" if args.small else sglang_python(config.engine),
+        repeats=args.repeats, cores=cores, small=args.small, progress=_progress())
+    write_json(work / "result.json", result)
+    print(json.dumps(result) if args.json else peer_text(result))
     print(f"logs and result.json: {work}", file=sys.stderr)
     return 0

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from real_engine.server import AREAL_PYTHON_ENV, AREAL_VERSION, CACHE, find_areal_python, model
+from real_engine.server import model
 
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main as cli
@@ -23,18 +23,6 @@ from testkit import farm_up, grpo_sim_farm, write_farm
 
 ROOT = Path(__file__).resolve().parents[3]
 G, B = 4, 2
-
-
-@pytest.fixture(scope="module")
-def areal_python() -> str:
-    python = find_areal_python()
-    if python is None:
-        hint = (f"no AReaL: make its venv as .ci/run does ({CACHE}/areal-{AREAL_VERSION}, "
-                f"this checkout installed there) or name its Python in {AREAL_PYTHON_ENV}")
-        if os.environ.get("CI") == "true":
-            pytest.fail(hint)
-        pytest.skip(hint)
-    return python
 
 
 PROBE = r'''
