@@ -25,7 +25,7 @@ BENCH_PROFILES = {
     "all": "28 min (every profile above)", "sim-replica": "1 min",
     "redis-load": "2 min", "real-sglang": "14 min (needs SGLang and --model)",
     "real-sglang-kv": "10 min (needs SGLang and --model)",
-    "peer-areal": "30 min (needs AReaL, SGLang and --model; --small: 2 min, AReaL only)",
+    "peer-areal": "16 min (needs AReaL, SGLang and --model; --small: 1.5 min, AReaL only)",
 }
 
 
