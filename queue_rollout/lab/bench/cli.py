@@ -20,7 +20,8 @@ HELP = "benchmarks: the pilots through the real stack, the control plane, the le
 BENCH_PROFILES = {
     "long-tail": "2 min", "equal": "1.5 min", "group-between": "1.5 min",
     "mixed-tail": "1.5 min", "control-plane": "1 min", "ledger": "30 s",
-    "calibration": "30 s", "swe-agentic": "8.5 min", "boba-math": "3.5 min",
+    "calibration": "30 s", "gpu-h200": "10 s", "swe-agentic": "8.5 min",
+    "boba-math": "3.5 min",
     "boba-math-b8": "3.5 min", "long-prompt": "3.5 min", "kv-pressure": "5.5 min",
     "all": "28 min (every profile above)", "sim-replica": "1 min",
     "redis-load": "2 min", "real-sglang": "14 min (needs SGLang and --model)",
@@ -42,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; calibration: the engine model's ideal schedules of "
                         "long-tail and equal under each pause mode beside the reference's "
-                        "figures; all: every one of these (without --profile: the list, "
+                        "figures; gpu-h200: the same pilots at the seed's shape predicted "
+                        "from an H200's step times, beside the seed's figures; all: every "
+                        "one of these (without --profile: the list, "
                         "with how long each takes); sim-replica: CPU of one simulated "
                         "replica serving --requests in a closed loop; "
                         "redis-load: what a farm of --gpus costs Redis, idle, per episode "

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from queue_rollout.config import Placement
 from queue_rollout.lab.bench.calibration import calibration_text, run_calibration
 from queue_rollout.lab.bench.control_plane import run_control_plane_bench, side_runs
+from queue_rollout.lab.bench.gpu_h200 import gpu_h200_text, run_gpu_h200
 from queue_rollout.lab.bench.kv_pressure import run_kv_pressure
 from queue_rollout.lab.bench.ledger import run_ledger_bench
 from queue_rollout.lab.bench.measures import ModeRun
@@ -35,7 +36,7 @@ from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.progress import log_to_file
 
 #: Every profile ``--profile all`` runs, in order.
-ALL = (*PILOTS, "control-plane", "calibration", "ledger", *SEED_PILOTS, *MULTI_RUN)
+ALL = (*PILOTS, "control-plane", "calibration", "gpu-h200", "ledger", *SEED_PILOTS, *MULTI_RUN)
 
 #: The pilots of several runs each, by name: what runs them and what prints the result.
 MULTI_RUN_BENCHES: dict[str, tuple[Callable[[Bench, Profile, int],
@@ -170,6 +171,9 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
         if "calibration" in profiles:
             cal = run_calibration(redis_server.url, work / "calibration", progress)
             emit(cal, calibration_text(cal))
+        if "gpu-h200" in profiles:
+            gpu = run_gpu_h200(redis_server.url, work / "gpu-h200", progress)
+            emit(gpu, gpu_h200_text(gpu))
     if "ledger" in profiles:
         progress(f"ledger: {args.ledger_clients} clients, {args.ledger_seconds:g} s per kind")
         lb = run_ledger_bench(clients=args.ledger_clients, seconds=args.ledger_seconds,
