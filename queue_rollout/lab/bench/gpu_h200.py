@@ -7,7 +7,9 @@ each of 6 batches, paused in place, then drain), both admission modes, under two
 profiles: ``reference-fit`` (the default decode step, fitted to the seed's long-tail
 group-admission all-work; the prediction before the GPU profile) and ``h200`` (every
 engine constant from the H200 tables, :mod:`queue_rollout.lab.virtual.gpu`; nothing
-fitted to a pilot, no time factor). Each profile's change from group admission to
+fitted to a pilot, no time factor); and, for contrast, ``cpu-sglang`` (a real SGLang
+on one CPU core, as the real-sglang bench calibrated it): the same shape and work on an
+engine whose step grows steeply with running requests. Each profile's change from group admission to
 sample refill is set beside the seed's, in percentage points.
 """
 
@@ -19,12 +21,13 @@ from typing import Any
 
 from queue_rollout.lab.bench.calibration import REFERENCE
 from queue_rollout.lab.bench.pilot import Bench
-from queue_rollout.lab.virtual.gpu import H200
+from queue_rollout.lab.virtual.gpu import CPU_SGLANG, H200
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import PILOTS
 
 #: The engine profiles predicted: the default (fitted to one seed figure) and the H200's.
-ENGINES: dict[str, Shape] = {"reference-fit": Shape(), "h200": H200.shape(Shape())}
+ENGINES: dict[str, Shape] = {"reference-fit": Shape(), "h200": H200.shape(Shape()),
+                             "cpu-sglang": CPU_SGLANG.shape(Shape())}
 FIGURES = ("mean_rollout_interval_s", "all_work_completion_s")
 
 
@@ -77,7 +80,7 @@ def changes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def gpu_h200_text(result: dict[str, Any]) -> str:
     lines = ["bench gpu-h200: the seed's controlled-length pilots, ideal schedules (virtual "
-             "time, the seed's shape), two engine profiles, beside the seed's figures",
+             "time, the seed's shape), each engine profile, beside the seed's figures",
              f"  {'engine':14} {'profile':10} {'mode':7} {'interval':>9} {'seed':>8} "
              f"{'all-work':>9} {'seed':>8}"]
     for r in result["runs"]:

@@ -1,11 +1,15 @@
-"""The engine model on a GPU: the decode step and prefill rate of a Qwen3-4B-shaped
-model measured on one NVIDIA H200 (CUDA graphs, bf16).
+"""The engine model's constants for the hardware a replica runs on: a GPU's (the decode
+step and prefill rate of a Qwen3-4B-shaped model measured on one NVIDIA H200, CUDA
+graphs, bf16) and, beside it, a CPU's (a real SGLang on one core of this project's
+machine).
 
 The measurements and how they were taken, with their limits (random weights, a dense
 uniform KV cache, unfused norms, no RoPE, no scheduler), are kept in
 ``docs/assets/gpu/h200/``; the constants below are derived from those tables by
 :func:`fit_decode` and :func:`prefill_rate`, and a test derives them again from the
-files. Nothing here is fitted to a pilot's figures.
+files. Nothing here is fitted to a pilot's figures. The CPU's constants are the
+real-sglang bench's calibration on its long-tail group-admission runs
+(``docs/assets/bench/real-sglang.json``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from queue_rollout.lab.virtual.shape import Shape
 
 
 @dataclass(frozen=True)
-class GpuProfile:
-    """The engine model's constants for one GPU: decode step = ``step_ms`` +
+class EngineProfile:
+    """The engine model's constants for one kind of replica: decode step = ``step_ms`` +
     ``step_ms_per_request`` x running requests + ``step_us_per_context_token`` x the
     tokens their contexts hold / 1000; prefill at ``prefill_tokens_per_s``."""
 
@@ -70,5 +74,11 @@ def prefill_rate(points: Iterable[Mapping[str, Any]], tokens: int) -> float:
 
 #: One H200: the 23-point uniform decode grid of ``h200_decode.json`` (within 4.1% of
 #: every point) and its 1 x 8,192-token prefill (the engine model's chunk).
-H200 = GpuProfile(name="h200", step_ms=3.8845, step_ms_per_request=0.0073065,
+H200 = EngineProfile(name="h200", step_ms=3.8845, step_ms_per_request=0.0073065,
                   step_us_per_context_token=0.032411, prefill_tokens_per_s=45_576.0)
+
+#: One CPU core running a real SGLang 0.5.23 (the tiny model of the real-engine tier):
+#: the real-sglang bench's fit to its long-tail group-admission runs, and its probe's
+#: prefill rate.
+CPU_SGLANG = EngineProfile(name="cpu-sglang", step_ms=6.782, step_ms_per_request=0.4507,
+                           step_us_per_context_token=1.6175, prefill_tokens_per_s=32_990.0)

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from queue_rollout.lab.virtual.gpu import H200, fit_decode, prefill_rate
+from queue_rollout.lab.virtual.gpu import CPU_SGLANG, H200, fit_decode, prefill_rate
 from queue_rollout.lab.virtual.shape import Shape
 
-TABLES = Path(__file__).resolve().parents[4] / "docs" / "assets" / "gpu" / "h200"
+ASSETS = Path(__file__).resolve().parents[4] / "docs" / "assets"
+TABLES = ASSETS / "gpu" / "h200"
 
 
 def table(name: str) -> dict:
@@ -53,3 +54,12 @@ def test_a_gpu_profile_replaces_only_the_engine_constants():
     assert shape.prompts == 7 and shape.step_ms == H200.step_ms
     assert shape.prefill_tokens_per_s == H200.prefill_tokens_per_s
     assert shape.max_total_tokens == Shape().max_total_tokens
+
+
+def test_the_cpu_constants_are_the_real_sglang_benchs_long_tail_calibration():
+    real = json.loads((ASSETS / "bench" / "real-sglang.json").read_text())
+    fitted = next(w["calibration"] for w in real["workloads"] if w["profile"] == "long-tail")
+    assert CPU_SGLANG.step_ms == fitted["step_ms"]
+    assert CPU_SGLANG.step_ms_per_request == fitted["step_ms_per_request"]
+    assert CPU_SGLANG.step_us_per_context_token == fitted["step_us_per_context_token"]
+    assert CPU_SGLANG.prefill_tokens_per_s == real["prefill_tokens_per_s"]
