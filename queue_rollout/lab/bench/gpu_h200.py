@@ -6,7 +6,7 @@ replicas, B16 x G8 over 128 slots, ``max_staleness`` 2, a 10 s training pause af
 each of 6 batches, paused in place, then drain), both admission modes, under two engine
 profiles: ``reference-fit`` (the default decode step, fitted to the seed's long-tail
 group-admission all-work; the prediction before the GPU profile) and ``h200`` (every
-engine constant from the H200 tables, :mod:`queue_rollout.lab.virtual.gpu`; nothing
+engine constant from the H200 tables, :mod:`queue_rollout.lab.virtual.hardware`; nothing
 fitted to a pilot, no time factor); and, for contrast, ``cpu-sglang`` (a real SGLang
 on one CPU core, as the real-sglang bench calibrated it): the same shape and work on an
 engine whose step grows steeply with running requests. Each profile's change from group admission to
@@ -21,7 +21,7 @@ from typing import Any
 
 from queue_rollout.lab.bench.calibration import REFERENCE
 from queue_rollout.lab.bench.pilot import Bench
-from queue_rollout.lab.virtual.gpu import CPU_SGLANG, H200
+from queue_rollout.lab.virtual.hardware import CPU_SGLANG, H200
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import PILOTS
 

@@ -8,7 +8,7 @@ import pytest
 
 from queue_rollout.lab.bench.calibration import REFERENCE
 from queue_rollout.lab.bench.gpu_h200 import ENGINES, change, gpu_h200_text, run_gpu_h200
-from queue_rollout.lab.virtual.gpu import H200
+from queue_rollout.lab.virtual.hardware import H200
 
 
 def test_every_engine_predicts_both_modes_and_each_change_is_set_beside_the_seeds(

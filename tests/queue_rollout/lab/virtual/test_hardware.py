@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_rollout.lab.virtual.gpu import CPU_SGLANG, H200, fit_decode, prefill_rate
+from queue_rollout.lab.virtual.hardware import CPU_SGLANG, H200, fit_decode, prefill_rate
 from queue_rollout.lab.virtual.shape import Shape
 
 ASSETS = Path(__file__).resolve().parents[4] / "docs" / "assets"
