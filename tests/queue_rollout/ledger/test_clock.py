@@ -31,6 +31,21 @@ def test_the_offset_is_measured_against_redis_and_refused_beyond_the_tolerance(r
     assert refused.value.exit_code == 2
 
 
+def test_a_reply_held_back_is_not_a_skewed_clock_and_a_skewed_clock_behind_one_still_is(r):
+    """A TIME answered at once whose reply arrived 9 s later (a Redis whose AOF write
+    waited on a busy disk): halfway through the call this clock reads 4.5 s past
+    Redis's answer, yet the answer lies within the call. Shifted 20 s, it does not."""
+    tolerance = 1.0
+
+    def held(shift: float):
+        readings = iter([time.time() + shift, time.time() + shift + 9.0])
+        return lambda: next(readings)
+
+    assert 4.0 < check_clock(r, held(0.0), tolerance, "collector c") < 5.0
+    with pytest.raises(ClockSkewed, match=r"\+2[45]\.\d+ s apart \(the call took 9\.0"):
+        check_clock(r, held(20.0), tolerance, "collector c")
+
+
 def test_the_tolerance_defaults_to_a_third_of_the_lease_and_may_not_exceed_it():
     config = msgspec.convert({"timeouts": {"lease": 3}}, Config)
     assert config.timeouts.skew_tolerance == 1.0
