@@ -215,9 +215,10 @@ class WorkflowConfig(_Section):
 
 
 class EngineConfig(_Section):
-    #: `sim` (simulated replicas) or `sglang`.
-    kind: Literal["sim", "sglang"] = "sim"
-    #: `up` with sglang: the replicas' URLs.
+    #: `sim` (simulated replicas), `sglang` or `vllm` (its server with
+    #: `VLLM_SERVER_DEV_MODE=1` and `--enable-scale-out`).
+    kind: Literal["sim", "sglang", "vllm"] = "sim"
+    #: `up` with sglang or vllm: the replicas' URLs.
     urls: list[str] = msgspec.field(default_factory=list)
     #: `up` with sim: replicas to start.
     replicas: PosInt = 8
@@ -250,11 +251,12 @@ class EngineConfig(_Section):
     min_slots_per_replica: PosInt = 1
     #: Adaptive slots: seconds between a worker's looks at its replica's `/metrics`.
     adaptive_interval_s: PosFloat = 1.0
-    #: `node` with sglang: the model to serve.
+    #: `node` with sglang or vllm: the model to serve.
     model_path: str = ""
-    #: `node` with sglang: the Python that has SGLang and runs the replicas; empty: the
-    #: environment variable `QUEUE_ROLLOUT_SGLANG_PYTHON`, else the Python of
-    #: `queue-rollout` itself. `node` refuses to start when it cannot import `sglang`.
+    #: `node` with sglang or vllm: the Python that has the engine and runs the replicas;
+    #: empty: the environment variable `QUEUE_ROLLOUT_SGLANG_PYTHON` (sglang) or
+    #: `QUEUE_ROLLOUT_VLLM_PYTHON` (vllm), else the Python of `queue-rollout` itself. `node`
+    #: refuses to start when it cannot import the engine.
     python: str = ""
     #: `node`: replica i listens on base_port + i.
     base_port: Port = 30000
@@ -264,6 +266,10 @@ class EngineConfig(_Section):
     #: `node`: extra SGLang launch arguments, passed through; with `--device cpu` the
     #: replicas also get `SGLANG_USE_CPU_ENGINE=1`.
     sglang_args: list[str] = msgspec.field(default_factory=list)
+    #: `node` with vllm: extra launch arguments of vLLM's server, passed through (after
+    #: `--enable-scale-out` and `--max-num-seqs slots_per_replica`); its servers get
+    #: `VLLM_SERVER_DEV_MODE=1`.
+    vllm_args: list[str] = msgspec.field(default_factory=list)
 
     @property
     def episode_threads(self) -> int:
@@ -435,6 +441,12 @@ def _check(config: Config, source: str) -> Config:
             f"{t.lease / 3:g} s (timeouts.lease = {t.lease}): two clocks that far from "
             "Redis's could expire a lease that is being renewed; raise timeouts.lease or "
             "set the clocks right"
+        )
+    if config.engine.kind == "vllm" and config.engine.pause_mode != "abort":
+        raise ConfigError(
+            f"{source}: engine.pause_mode: {config.engine.pause_mode!r} with vllm: a weight "
+            "update in it preempts the running requests, and a vLLM CPU engine with seeded "
+            "requests dies when one resumes (vLLM 0.32.0); use \"abort\""
         )
     r = config.rollout
     if isinstance(r.max_concurrent_samples, int) and r.max_concurrent_samples < r.group_size:

@@ -29,6 +29,7 @@ from real_engine.server import (
     find_sglang_python,
     model,
 )
+from real_engine.vllm_server import VLLM_INSTALL_HINT, VLLMServer, find_vllm_python, untied_model
 
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.sglang import SGLangClient
@@ -75,6 +76,40 @@ def other_weights_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     with server.serving():
         server.reference = greedy(SGLangClient(server.url, timeout=120), "reference").output_ids
         yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The Python that has vLLM (the test skips without one, and fails in CI)."""
+    return or_skip(find_vllm_python(), VLLM_INSTALL_HINT)
+
+
+@pytest.fixture(scope="session")
+def real_vllm(vllm_python: str, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[VLLMServer]:
+    """A real vLLM server on this machine's CPU serving the untied tiny model of seed 0,
+    for the session; the untied model of seed 1 (``other_weights``) is made beside it."""
+    server = VLLMServer(vllm_python, untied_model(vllm_python, 0),
+                        tmp_path_factory.mktemp("vllm-s0"))
+    untied_model(vllm_python, 1)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_replicas(real_vllm: VLLMServer, vllm_python: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VLLMServer]]:
+    """Two real vLLM servers on the tiny untied model of seed 0: the session's
+    :func:`real_vllm` and one more."""
+    second = VLLMServer(vllm_python, real_vllm.model_path, tmp_path_factory.mktemp("vllm-b"))
+    second.start()
+    try:
+        yield [real_vllm, second]
+    finally:
+        second.stop()
 
 
 @pytest.fixture
@@ -163,24 +198,24 @@ def sglang_interpreter() -> str:
 def areal_python() -> str:
     """The Python of the venv that has AReaL's API modules (the test skips without one,
     and fails in CI)."""
-    python = find_areal_python()
-    if python is None:
-        hint = (f"no AReaL: make its venv as .ci/run does ({CACHE}/areal-{AREAL_VERSION}, "
-                f"this checkout installed there) or name its Python in {AREAL_PYTHON_ENV}")
-        if os.environ.get("CI") == "true":
-            pytest.fail(hint)
-        pytest.skip(hint)
-    return python
+    return or_skip(find_areal_python(),
+                   f"no AReaL: make its venv as .ci/run does ({CACHE}/areal-{AREAL_VERSION}, "
+                   f"this checkout installed there) or name its Python in {AREAL_PYTHON_ENV}")
 
 
 def _sglang_or_skip() -> str:
     """The Python that has SGLang; without one the test skips saying how to install it,
     and fails in CI (``CI=true``)."""
-    python = find_sglang_python()
+    return or_skip(find_sglang_python(), INSTALL_HINT)
+
+
+def or_skip(python: str | None, hint: str) -> str:
+    """*python*; where there is none the test skips with *hint*, and fails in CI
+    (``CI=true``)."""
     if python is None:
         if os.environ.get("CI") == "true":
-            pytest.fail(INSTALL_HINT)
-        pytest.skip(INSTALL_HINT)
+            pytest.fail(hint)
+        pytest.skip(hint)
     return python
 
 

@@ -34,12 +34,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import redis
 from real_engine.server import RealServer
 from rq import Worker
 from rq.serializers import JSONSerializer
 
 from queue_rollout.client.rollout import RolloutClient
-from queue_rollout.engines.sglang import EngineError, SGLangClient
+from queue_rollout.engines.base import EngineError
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.errors import BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
@@ -63,9 +65,6 @@ class FaultServer(RealServer):
         super().__init__(python, model_path, workdir, max_running=max_running,
                          other_weights=other_weights)
         self.args += REQUEST_LOG_ARGS
-        # one OpenMP thread: two servers' torch thread pools on 2 cores otherwise spin
-        # against each other (8 requests ran at 73 tokens/s here instead of ~400)
-        self.env["OMP_NUM_THREADS"] = "1"
         self.kills: list[tuple[int, float]] = []  # (log offset, time) of each SIGKILL
 
     def log_offset(self) -> int:
@@ -322,20 +321,22 @@ def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: s
               request: int = 600, max_attempts: int = 3, max_failed_members: int = 0,
               pause_mode: str = "in_place", engine_extra: Mapping[str, Any] | None = None,
               batch_size: int = 1, max_staleness: int = 1000,
-              workflow: str = "controlled_length") -> Path:
+              workflow: str = "controlled_length", temperature: float = 1.0,
+              kind: str = "sglang", doubt: int = 900) -> Path:
     """A farm config at *path* for SGLang replicas at *urls*: groups of *group_size*,
     batches of *batch_size* groups, leases of *lease* s, state beside it; *engine_extra*
-    adds ``[engine]`` keys (``node``'s model and launch arguments)."""
+    adds ``[engine]`` keys (``node``'s model and launch arguments); the replicas (of
+    *kind*) sample at *temperature*."""
     return write_farm(
         path, farm={"name": name, "redis_url": redis_url, "state_dir": path.parent / "state"},
         rollout={"group_size": group_size, "batch_size": batch_size,
                  **admission(mode, group_size, groups_at_once),
                  "max_staleness": max_staleness, "max_attempts": max_attempts},
-        timeouts={"lease": lease, "doubt": 900, "request": request, "shutdown_grace": 2,
+        timeouts={"lease": lease, "doubt": doubt, "request": request, "shutdown_grace": 2,
                   "leader_lease": 2, "pause_barrier": 60},
         acceptance={"max_failed_members": max_failed_members},
-        workflow={"name": workflow},
-        engine={"kind": "sglang", "urls": urls, "slots_per_replica": slots,
+        workflow={"name": workflow, "sampling": {"temperature": temperature}},
+        engine={"kind": kind, "urls": urls, "slots_per_replica": slots,
                 "threads_per_process": 2, "pause_mode": pause_mode, "deterministic": False,
                 **(engine_extra or {})},
         metrics={"port": free_port()})
@@ -344,17 +345,22 @@ def farm_toml(path: Path, *, name: str, redis_url: str, urls: list[str], mode: s
 @dataclass
 class UpFarm:
     """``queue-rollout up -c farm.toml`` against running replicas, on a private
-    redis-server started here (AOF, ``appendfsync always``) on a free port."""
+    redis-server started here (AOF, *appendfsync* ``always`` unless told otherwise) on a
+    free port. Its latency monitor records any event of 200 ms or more: a test that
+    fails inside :meth:`running` prints them with the logs' tails."""
 
     root: Path
     name: str
     urls: list[str]
     mode: str
     settings: dict[str, Any] = field(default_factory=dict)
+    appendfsync: str = "always"
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.redis = EmbeddedRedis(self.root / "redis", appendfsync="always", write_url=False)
+        self.redis = EmbeddedRedis(self.root / "redis", appendfsync=self.appendfsync,
+                                   write_url=False,
+                                   extra_args=("--latency-monitor-threshold", "200"))
         self.toml = self.root / "farm.toml"
         self.log_path = self.root / "up.log"
         self.proc: subprocess.Popen[str] | None = None
@@ -383,9 +389,18 @@ class UpFarm:
     def log_tail(self, lines: int = 40) -> str:
         """The last *lines* of `up`'s own output and of each log its children write
         under ``<state_dir>/logs``."""
-        paths = [self.log_path, *sorted((self.root / "state" / "logs").glob("*.log"))]
+        paths = [self.log_path, *sorted((self.root / "state" / "logs").glob("*.log")),
+                 self.redis.log_path]
         return "\n".join("\n".join(p.read_text(errors="replace").splitlines()[-lines:])
                          for p in paths if p.exists())
+
+    def redis_latency(self) -> str:
+        """Redis's own record of its slow events (``LATENCY LATEST``: event, last time,
+        last ms, most ms), or why it could not be read."""
+        try:
+            return repr(self.redis.client(timeout=5).execute_command("LATENCY", "LATEST"))
+        except redis.RedisError as exc:
+            return f"LATENCY LATEST not read: {exc}"
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -403,6 +418,9 @@ class UpFarm:
     def running(self) -> Iterator[RolloutClient]:
         try:
             yield self.start()
+        except BaseException:  # shown with the failure (pytest prints what a test printed)
+            print(f"redis latency events: {self.redis_latency()}\n{self.log_tail()}")
+            raise
         finally:
             self.stop()
 

@@ -78,6 +78,7 @@ def test_names_that_outlive_a_release_stay_importable():
 @pytest.mark.parametrize("module", ["queue_rollout.lab.sim.server",
                                     "queue_rollout.lab.sim.model",
                                     "queue_rollout.engines.sglang",
+                                    "queue_rollout.engines.client",
                                     "queue_rollout.workers.workflows",
                                     "queue_rollout.config"])
 def test_the_light_parts_load_no_redis_rq_or_ledger(module):

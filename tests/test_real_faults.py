@@ -70,7 +70,7 @@ from real_engine.server import CPU_ARGS, STAND_IN, STAND_IN_LOG_ENV, model
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import load_config
-from queue_rollout.engines.sglang import episode_seed
+from queue_rollout.engines.base import episode_seed
 from queue_rollout.launch.node import SGLANG_PYTHON_ENV
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.keys import Keys

@@ -22,7 +22,8 @@ import redis
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
-from queue_rollout.engines.sglang import Generation, SGLangClient
+from queue_rollout.engines.base import Generation
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all

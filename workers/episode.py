@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from queue_rollout.config import Config
-from queue_rollout.engines.sglang import (
+from queue_rollout.engines.base import (
     DuplicateRid,
+    EngineClient,
     EngineError,
     GenerateUncertain,
     Generation,
-    SGLangClient,
     episode_seed,
     turn_rid,
 )
@@ -83,7 +83,7 @@ class LeaseKeeper:
     ledger no longer knows as this worker's (superseded, lost) is aborted on the
     replica; after the shutdown grace, every attempt still running is."""
 
-    def __init__(self, ledger: Ledger, client: SGLangClient, worker_id: str,
+    def __init__(self, ledger: Ledger, client: EngineClient, worker_id: str,
                  lease_s: float) -> None:
         self.ledger, self.client = ledger, client
         self.worker_id, self.lease_s = worker_id, lease_s
@@ -182,7 +182,7 @@ class LeaseKeeper:
 
 
 class AttemptRunner:
-    def __init__(self, *, ledger: Ledger, config: Config, client: SGLangClient,
+    def __init__(self, *, ledger: Ledger, config: Config, client: EngineClient,
                  worker_id: str, boot_id: str, workflow: Workflow,
                  lease: LeaseKeeper | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from queue_rollout.config import EngineConfig
+from queue_rollout.engines.base import EngineClient, EngineError
 from queue_rollout.engines.concurrency import SlotLimit, parse_metrics
-from queue_rollout.engines.sglang import EngineError, SGLangClient
 
 log = logging.getLogger(__name__)
 #: An episode process looks at its limit file at most this often.
@@ -43,7 +43,7 @@ NO_METRICS_RETRY_S = 60.0
 class AdaptiveLimit:
     """The supervisor's controller: one look at the replica per :meth:`look`."""
 
-    def __init__(self, engine: EngineConfig, client: SGLangClient, worker_id: str,
+    def __init__(self, engine: EngineConfig, client: EngineClient, worker_id: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.control = SlotLimit(engine.slots_per_replica, engine.min_slots_per_replica)
         self.client, self.worker_id = client, worker_id
@@ -62,7 +62,7 @@ class AdaptiveLimit:
         if self.clock() < self._no_metrics_until:
             return self.limit
         try:
-            signal = parse_metrics(self.client.metrics())
+            signal = parse_metrics(self.client.metrics(), self.client.metric_names)
         except EngineError as exc:
             if exc.status == 404:
                 self._without_metrics()

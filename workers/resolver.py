@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import logging
 
-from queue_rollout.engines.sglang import EngineError, SGLangClient
+from queue_rollout.engines.base import EngineClient, EngineError
 from queue_rollout.ledger.core import Ledger
 
 log = logging.getLogger(__name__)
 
 
-def resolve_doubt(ledger: Ledger, client: SGLangClient, boot_id: str, *, worker_id: str,
+def resolve_doubt(ledger: Ledger, client: EngineClient, boot_id: str, *, worker_id: str,
                   min_age: float) -> dict[str, str]:
     """Settle the doubtful attempts this worker started on this replica; returns
     attempt id -> what happened."""

@@ -61,7 +61,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from queue_rollout.config import Config
-from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.client import engine_client
 from queue_rollout.errors import QueueRolloutError
 from queue_rollout.ledger.clock import wall_clock
 from queue_rollout.ledger.connection import client_url, connect_config, translate_errors
@@ -109,7 +109,8 @@ class EpisodeProcess:
         self.config, self.client, self.blocking = config, client, blocking
         self.keys = Keys(config.farm.name)
         ledger = Ledger.from_config(client, config, clock=wall_clock(spec.clock_offset))
-        engine = SGLangClient(spec.engine_url, timeout=min(30, config.timeouts.request))
+        engine = engine_client(config.engine.kind, spec.engine_url,
+                               timeout=min(30, config.timeouts.request))
         workflow = load_workflow(config)
         self.lease = LeaseKeeper(ledger, engine, spec.worker_id, config.timeouts.lease)
         self.runners = [AttemptRunner(ledger=ledger, config=config, client=engine,

@@ -47,12 +47,9 @@ from dataclasses import dataclass, field
 from redis import Redis
 
 from queue_rollout.config import Config, PauseMode
-from queue_rollout.engines.sglang import (
-    PAUSE_MODES,
-    BadEngineURL,
-    EngineError,
-    SGLangClient,
-)
+from queue_rollout.engines.base import BadEngineURL, EngineError
+from queue_rollout.engines.client import engine_client
+from queue_rollout.engines.sglang import PAUSE_MODES
 from queue_rollout.errors import BadInput, BarrierTimeout, ClockSkewed, QueueRolloutError
 from queue_rollout.ledger.clock import check_clock, wall_clock
 from queue_rollout.ledger.connection import connect_config
@@ -100,7 +97,8 @@ class Supervisor:
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.farm.name)
         try:
-            self.client = SGLangClient(self.engine_url, timeout=10)
+            self.client = engine_client(self.config.engine.kind, self.engine_url,
+                                        timeout=10)
         except BadEngineURL as exc:
             raise BadInput(f"--engine-url: {exc}") from None
         self.worker_id = f"{socket.gethostname()}-gpu{self.gpu}"

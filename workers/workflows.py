@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from queue_rollout.config import Config, load_reference
-from queue_rollout.engines.sglang import Generation, episode_seed
+from queue_rollout.engines.base import Generation, episode_seed
 from queue_rollout.engines.synthetic import token_ids
 from queue_rollout.errors import ConfigError
 from queue_rollout.results import add_tokens

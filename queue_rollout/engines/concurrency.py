@@ -49,15 +49,28 @@ HIGH_WATER = 0.90
 DECREASE = 0.5
 #: Slots a limit gains per look while the replica has room.
 INCREASE = 1
-#: The metrics read (SGLang's names: ``observability/metrics_collector.py``).
-TOKEN_USAGE = "sglang:token_usage"
-QUEUED = "sglang:num_queue_reqs"
-RUNNING = "sglang:num_running_reqs"
-RETRACTED = "sglang:num_retracted_requests_total"
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The names an engine exports what the controller reads under."""
+
+    token_usage: str  # held KV, a share of the pool
+    queued: str  # requests waiting
+    running: str  # requests running
+    retracted: str  # requests retracted (preempted) so far, a counter
+
+
+#: SGLang's (``observability/metrics_collector.py``); the simulated replica's too.
+SGLANG_METRICS = MetricNames("sglang:token_usage", "sglang:num_queue_reqs",
+                             "sglang:num_running_reqs", "sglang:num_retracted_requests_total")
+#: vLLM's (``v1/metrics/loggers.py``): a preemption is its retraction.
+VLLM_METRICS = MetricNames("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting",
+                           "vllm:num_requests_running", "vllm:num_preemptions_total")
 #: One sample line of the text format: a name, labels (quoted values may hold braces),
 #: a value (a timestamp may follow).
-_SAMPLE = re.compile(r'(?P<name>sglang[:_][A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?'
-                     r"\s+(?P<value>\S+)")
+_SAMPLE = re.compile(r'(?P<engine>sglang|vllm)[:_](?P<name>[A-Za-z0-9_:]+)'
+                     r'(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(?P<value>\S+)')
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +87,8 @@ class KvSignal:
 
 
 def _samples(text: str) -> Iterator[tuple[str, float]]:
-    """Each finite SGLang sample of a Prometheus text exposition, as (name, value);
-    ``sglang_`` names (as a router that rewrites the colon serves them) read as
+    """Each finite SGLang or vLLM sample of a Prometheus text exposition, as (name,
+    value); ``sglang_`` names (as a router that rewrites the colon serves them) read as
     ``sglang:`` ones."""
     for line in text.splitlines():
         m = _SAMPLE.match(line)
@@ -86,19 +99,19 @@ def _samples(text: str) -> Iterator[tuple[str, float]]:
         except ValueError:
             continue
         if math.isfinite(value):
-            yield "sglang:" + m["name"][len("sglang:"):], value
+            yield f"{m['engine']}:{m['name']}", value
 
 
 def metric_totals(text: str) -> dict[str, float]:
-    """Every SGLang metric of a Prometheus text exposition, its series (ranks, labels)
-    added up, by name."""
+    """Every SGLang or vLLM metric of a Prometheus text exposition, its series (ranks,
+    labels) added up, by name."""
     totals: dict[str, float] = {}
     for name, value in _samples(text):
         totals[name] = totals.get(name, 0.0) + value
     return totals
 
 
-def parse_metrics(text: str) -> KvSignal | None:
+def parse_metrics(text: str, names: MetricNames = SGLANG_METRICS) -> KvSignal | None:
     """The signal in a Prometheus text exposition; None when it lacks token usage or the
     queue (a replica started without ``--enable-metrics`` answers 404, an old one may
     lack the retraction counter: it then counts as none). Several series of one name
@@ -109,14 +122,14 @@ def parse_metrics(text: str) -> KvSignal | None:
     queued = retracted = running = 0.0
     found_queue = found_running = False
     for name, value in _samples(text):
-        if name == TOKEN_USAGE:
+        if name == names.token_usage:
             usage.append(value)
-        elif name == QUEUED:
+        elif name == names.queued:
             queued += value
             found_queue = True
-        elif name == RETRACTED:
+        elif name == names.retracted:
             retracted += value
-        elif name == RUNNING:
+        elif name == names.running:
             running += value
             found_running = True
     if not usage or not found_queue:

@@ -1,15 +1,19 @@
 """``queue-rollout node --gpus 0-7``: one replica and one worker per GPU of this host.
 
-For each GPU i: a replica on port ``engine.base_port + i`` — SGLang
+For each GPU i: a replica on port ``engine.base_port + i``, bound to 127.0.0.1 — SGLang
 (``python -m sglang.launch_server`` with the model, ``CUDA_VISIBLE_DEVICES`` pinned to
 the GPU, ``--enable-metrics``, ``--enable-deterministic-inference`` when
 ``engine.deterministic``, ``--max-running-requests engine.slots_per_replica``, then
-``engine.sglang_args``) or, with ``engine.kind = "sim"``, a simulated replica. SGLang
-runs under the Python that has it (``engine.python``, else the environment variable
-``QUEUE_ROLLOUT_SGLANG_PYTHON``, else node's own), with node's environment; a CPU
-server (``--device cpu`` among ``engine.sglang_args``) also gets
-``SGLANG_USE_CPU_ENGINE=1``. A config whose replicas cannot start (no model, no SGLang
-in that Python, deterministic inference on a CPU) is refused before anything starts. Every
+``engine.sglang_args``), vLLM (``python -m vllm.entrypoints.openai.api_server`` with the
+model, ``--enable-scale-out`` for its token-in, token-out route, ``--max-num-seqs
+engine.slots_per_replica``, then ``engine.vllm_args``; ``VLLM_SERVER_DEV_MODE=1`` for
+pause, abort and the reload) or, with ``engine.kind = "sim"``, a simulated replica. A
+real engine runs under the Python that has it (``engine.python``, else the environment
+variable ``QUEUE_ROLLOUT_SGLANG_PYTHON`` or ``QUEUE_ROLLOUT_VLLM_PYTHON``, else node's
+own), with node's environment; a CPU SGLang server (``--device cpu`` among
+``engine.sglang_args``) also gets ``SGLANG_USE_CPU_ENGINE=1``. A config whose replicas
+cannot start (no model, no engine in that Python, deterministic inference on a CPU) is
+refused before anything starts. Every
 replica start gets a new boot id, recorded in ``<state_dir>/node/boots.jsonl`` (a
 simulated replica's requests go to ``requests-gpuN.jsonl`` beside it); once the
 replica answers ``/health``, a worker pinned to it starts with that boot id
@@ -59,15 +63,20 @@ from queue_rollout.procs import Supervised, cli_exe, sim_engine_argv, stop_all
 
 log = logging.getLogger(__name__)
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-#: Names the Python that has SGLang when ``engine.python`` is unset.
+#: Name the Python that has SGLang, or vLLM, when ``engine.python`` is unset.
 SGLANG_PYTHON_ENV = "QUEUE_ROLLOUT_SGLANG_PYTHON"
+VLLM_PYTHON_ENV = "QUEUE_ROLLOUT_VLLM_PYTHON"
+#: The engine kinds node launches a server of: the variable naming its Python, and the
+#: package that Python must import.
+ENGINES = {"sglang": (SGLANG_PYTHON_ENV, "sglang"), "vllm": (VLLM_PYTHON_ENV, "vllm")}
 #: SGLang's launch arguments for a server on the CPU (``engine.sglang_args``).
 #: ``--sleep-on-idle``: an idle scheduler otherwise polls without pause and holds a
 #: whole core.
 CPU_SGLANG_ARGS = ("--device", "cpu", "--attention-backend", "torch_native",
                    "--disable-cuda-graph", "--sleep-on-idle")
-#: Whether a Python can import sglang, without importing it (that takes seconds).
-FIND_SGLANG = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+#: Whether a Python can import the package named after it, without importing it (that
+#: takes seconds).
+FIND_PACKAGE = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -93,14 +102,20 @@ def replica_argv(config: Config, gpu: int, port: int, boot_id: str,
         return [*sim_engine_argv(e, port), "--boot-id", boot_id,
                 *(["--request-log", str(request_log)] if request_log else [])]
     if not e.model_path:
-        raise ConfigError('engine.model_path: `node` with engine.kind = "sglang" needs the model')
+        raise ConfigError(f'engine.model_path: `node` with engine.kind = "{e.kind}" needs the '
+                          'model')
+    if e.kind == "vllm":
+        return [engine_python(e), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                e.model_path, "--host", "127.0.0.1", "--port", str(port),
+                "--enable-scale-out", "--max-num-seqs", str(e.slots_per_replica),
+                *e.vllm_args]
     if e.deterministic and sglang_device(e.sglang_args) == "cpu":
         raise ConfigError(
             "engine.deterministic: a CPU server (--device cpu in engine.sglang_args) refuses "
             "--enable-deterministic-inference, which does not run with its torch-native "
             "attention; set engine.deterministic = false (greedy decoding, temperature 0, "
             "is deterministic there)")
-    argv = [sglang_python(e), "-m", "sglang.launch_server", "--model-path", e.model_path,
+    argv = [engine_python(e), "-m", "sglang.launch_server", "--model-path", e.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--enable-metrics",
             "--max-running-requests", str(e.slots_per_replica)]
     if e.deterministic:
@@ -108,19 +123,24 @@ def replica_argv(config: Config, gpu: int, port: int, boot_id: str,
     return argv + list(e.sglang_args)
 
 
-def sglang_python(e: EngineConfig) -> str:
-    """The Python that runs SGLang: ``engine.python``, else ``$QUEUE_ROLLOUT_SGLANG_PYTHON``,
-    else this one."""
-    return e.python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+def _python_env(e: EngineConfig) -> str:
+    return ENGINES.get(e.kind, ENGINES["sglang"])[0]
+
+
+def engine_python(e: EngineConfig) -> str:
+    """The Python that runs the engine's server: ``engine.python``, else the variable
+    naming it (``$QUEUE_ROLLOUT_SGLANG_PYTHON`` or ``$QUEUE_ROLLOUT_VLLM_PYTHON``), else
+    this one."""
+    return e.python or os.environ.get(_python_env(e)) or sys.executable
 
 
 def _python_named_by(e: EngineConfig) -> str:
-    """Where :func:`sglang_python` found its answer, for messages."""
+    """Where :func:`engine_python` found its answer, for messages."""
     if e.python:
         return "engine.python"
-    if os.environ.get(SGLANG_PYTHON_ENV):
-        return SGLANG_PYTHON_ENV
-    return f"node's own Python: neither engine.python nor {SGLANG_PYTHON_ENV} is set"
+    if os.environ.get(_python_env(e)):
+        return _python_env(e)
+    return f"node's own Python: neither engine.python nor {_python_env(e)} is set"
 
 
 def sglang_device(args: list[str]) -> str | None:
@@ -137,37 +157,42 @@ def sglang_device(args: list[str]) -> str | None:
 
 def replica_env(config: Config, gpu: int) -> dict[str, str]:
     """The replica's environment: node's own, pinned to *gpu*; a CPU SGLang server also
-    gets ``SGLANG_USE_CPU_ENGINE=1`` (SGLang does not see the CPU device without it)."""
+    gets ``SGLANG_USE_CPU_ENGINE=1`` (SGLang does not see the CPU device without it), a
+    vLLM server ``VLLM_SERVER_DEV_MODE=1`` (its pause, abort by id and weight reload)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
     e = config.engine
     if e.kind == "sglang" and sglang_device(e.sglang_args) == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if e.kind == "vllm":
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
 
 
-def check_sglang_python(e: EngineConfig, env: dict[str, str]) -> None:
-    """ConfigError unless :func:`sglang_python` can import sglang with *env*."""
-    python = sglang_python(e)
+def check_engine_python(e: EngineConfig, env: dict[str, str]) -> None:
+    """ConfigError unless :func:`engine_python` can import the engine with *env*."""
+    variable, package = ENGINES.get(e.kind, ENGINES["sglang"])
+    python = engine_python(e)
     try:
-        probe = subprocess.run([python, "-c", FIND_SGLANG], env=env, capture_output=True,
-                               timeout=60)
+        probe = subprocess.run([python, "-c", FIND_PACKAGE, package], env=env,
+                               capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         problem = f"cannot be run ({exc})"
     else:
         if probe.returncode == 0:
             return
-        problem = "cannot import sglang"
+        problem = f"cannot import {package}"
+    name = "SGLang" if package == "sglang" else "vLLM"
     raise ConfigError(
-        f"engine.python: {python} ({_python_named_by(e)}) {problem}: install SGLang for that "
-        f"Python, or set engine.python (or the environment variable {SGLANG_PYTHON_ENV}) to "
+        f"engine.python: {python} ({_python_named_by(e)}) {problem}: install {name} for that "
+        f"Python, or set engine.python (or the environment variable {variable}) to "
         "a Python that has it")
 
 
 def check_replicas(config: Config, gpus: list[int]) -> None:
     """Refuse, before anything starts, a config whose replicas cannot start."""
     replica_argv(config, gpus[0], config.engine.base_port, "check")
-    if config.engine.kind == "sglang":
-        check_sglang_python(config.engine, replica_env(config, gpus[0]))
+    if config.engine.kind in ENGINES:
+        check_engine_python(config.engine, replica_env(config, gpus[0]))
 
 
 def check_ports(config: Config, gpus: list[int], host: str = "127.0.0.1") -> None:
@@ -247,12 +272,13 @@ class Node:
 
     def step(self) -> None:
         """Keep every replica running; start (or keep) its worker once it is healthy."""
-        from queue_rollout.engines.sglang import SGLangClient
+        from queue_rollout.engines.client import engine_client
 
         for slot in self.slots:
             slot.replica.keep()
             if (not slot.healthy and slot.replica.proc is not None
-                    and SGLangClient(slot.url, timeout=self.health_timeout).healthy()):
+                    and engine_client(self.config.engine.kind, slot.url,
+                                      timeout=self.health_timeout).healthy()):
                 slot.healthy = True
                 log.info("replica gpu%d: healthy (boot %s); starting its worker",
                          slot.gpu, slot.boot_id)

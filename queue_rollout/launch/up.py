@@ -199,10 +199,10 @@ class LocalFarm:
         e = self.config.engine
         if self.engine_urls is not None:
             return list(self.engine_urls)
-        if e.kind == "sglang":
+        if e.kind != "sim":
             if not e.urls:
-                raise ConfigError("engine.urls: `up` with engine.kind = \"sglang\" needs the "
-                                  "replicas' URLs (or use `queue-rollout node`)")
+                raise ConfigError(f"engine.urls: `up` with engine.kind = \"{e.kind}\" needs "
+                                  "the replicas' URLs (or use `queue-rollout node`)")
             return list(e.urls)
         if self.request_log_dir is not None:
             self.request_log_dir.mkdir(parents=True, exist_ok=True)

@@ -48,14 +48,15 @@ def make_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def make_weights(out: Path, seed: int, max_positions: int, vocab: int) -> None:
+def make_weights(out: Path, seed: int, max_positions: int, vocab: int, tied: bool = True
+                 ) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=max_positions, tie_word_embeddings=True,
+                         max_position_embeddings=max_positions, tie_word_embeddings=tied,
                          bos_token_id=0, eos_token_id=0, pad_token_id=0,
                          torch_dtype="bfloat16")
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
@@ -70,9 +71,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=VOCAB,
                         help="rows of the embedding (the tokenizer keeps its 2048 tokens; a "
                              "larger model takes the simulated replica's token ids)")
+    parser.add_argument("--untied", action="store_true",
+                        help="an output layer of its own (vLLM on CPU reloads a tied one "
+                             "from the old weights)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    make_weights(args.out, args.seed, args.max_positions, max(args.vocab, VOCAB))
+    make_weights(args.out, args.seed, args.max_positions, max(args.vocab, VOCAB),
+                 tied=not args.untied)
     make_tokenizer(args.out)
     (args.out / "DONE").write_text(f"seed {args.seed}\n")
 

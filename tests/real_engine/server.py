@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from queue_rollout.engines.sglang import SGLangClient
-from queue_rollout.launch.node import CPU_SGLANG_ARGS, FIND_SGLANG, SGLANG_PYTHON_ENV
+from queue_rollout.launch.node import CPU_SGLANG_ARGS, FIND_PACKAGE, SGLANG_PYTHON_ENV
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import spawn
 
@@ -40,26 +40,26 @@ INSTALL_HINT = (
 CPU_ARGS = [*CPU_SGLANG_ARGS, "--enable-metrics"]
 
 
-def find_sglang_python() -> str | None:
-    """The Python that has SGLang, or None when there is none."""
-    python = os.environ.get(SGLANG_PYTHON_ENV) or str(
-        CACHE / f"sglang-{SGLANG_VERSION}" / "bin" / "python")
+def find_python(env: str, venv: str, probe: str, *args: str) -> str | None:
+    """The Python the environment variable *env* names, else the one of the venv
+    ``.ci/run`` makes in the cache (*venv*), when it runs *probe* (with *args*); None
+    otherwise."""
+    python = os.environ.get(env) or str(CACHE / venv / "bin" / "python")
     if not Path(python).exists():
         return None
-    probe = subprocess.run([python, "-c", FIND_SGLANG], capture_output=True)
-    return python if probe.returncode == 0 else None
+    found = subprocess.run([python, "-c", probe, *args], capture_output=True)
+    return python if found.returncode == 0 else None
+
+
+def find_sglang_python() -> str | None:
+    """The Python that has SGLang, or None when there is none."""
+    return find_python(SGLANG_PYTHON_ENV, f"sglang-{SGLANG_VERSION}", FIND_PACKAGE, "sglang")
 
 
 def find_areal_python() -> str | None:
-    """The Python that has AReaL's API modules and this checkout's package, or None:
-    ``QUEUE_ROLLOUT_AREAL_PYTHON``, else the venv ``.ci/run`` makes in the cache."""
-    python = os.environ.get(AREAL_PYTHON_ENV) or str(
-        CACHE / f"areal-{AREAL_VERSION}" / "bin" / "python")
-    if not Path(python).exists():
-        return None
-    probe = subprocess.run([python, "-c", "import areal.api.engine_api, queue_rollout"],
-                           capture_output=True)
-    return python if probe.returncode == 0 else None
+    """The Python that has AReaL's API modules and this checkout's package, or None."""
+    return find_python(AREAL_PYTHON_ENV, f"areal-{AREAL_VERSION}",
+                       "import areal.api.engine_api, queue_rollout")
 
 
 def model(python: str, seed: int, max_positions: int = 4096, vocab: int = 0) -> Path:
@@ -88,7 +88,9 @@ class RealServer:
         self.python = python
         self.args = ["--max-total-tokens", str(max_total_tokens),
                      "--max-running-requests", str(max_running), *CPU_ARGS]
-        self.env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1",
+        # one OpenMP thread: two servers' torch thread pools on 2 cores otherwise spin
+        # against each other (8 requests ran at 73 tokens/s here instead of ~400)
+        self.env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1",
                     "PYTHONPATH": os.pathsep.join(
                         [str(STAND_IN), *filter(None, [os.environ.get("PYTHONPATH")])]),
                     STAND_IN_LOG_ENV: str(self.stand_in_log)}
@@ -154,19 +156,23 @@ class RealServer:
     def stop(self) -> None:
         """SIGTERM to the server's whole process group, SIGKILL to what is left after
         30 s (a server whose HTTP side failed to bind ignores SIGTERM)."""
-        if self.proc is None:
-            return
-        group = self.proc.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
-        self.proc.wait()
-        self.proc = None
+        if self.proc is not None:
+            stop_group(self.proc)
+            self.proc = None
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to *proc*'s process group (it leads one), SIGKILL to what is left after
+    30 s; waits for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 if __name__ == "__main__":  # a server by hand: python server.py SEED

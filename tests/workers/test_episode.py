@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from queue_rollout.config import Config
-from queue_rollout.engines.sglang import SGLangClient, episode_seed
+from queue_rollout.engines.base import episode_seed
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.results import decode_result

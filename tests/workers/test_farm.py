@@ -13,7 +13,8 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
-from queue_rollout.engines.sglang import SGLangClient, episode_seed
+from queue_rollout.engines.base import episode_seed
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine

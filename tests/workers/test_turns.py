@@ -16,7 +16,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from queue_rollout.collector.reconciler import Reconciler
-from queue_rollout.engines.sglang import episode_seed, turn_rid
+from queue_rollout.engines.base import episode_seed, turn_rid
 from queue_rollout.engines.synthetic import token_ids
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_rollout.engines.sglang import Generation
+from queue_rollout.engines.base import Generation
 from queue_rollout.turns import ModelCall, member_turns, steps
 from queue_rollout.workers.workflows import ControlledTurns, EpisodeContext, tool_output
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from queue_rollout.engines.base import DuplicateRid, EngineError, Generation
 from queue_rollout.engines.concurrency import parse_metrics
-from queue_rollout.engines.sglang import DuplicateRid, EngineError, Generation, SGLangClient
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.lab.sim.server import (
     CACHE_FLUSHED,
     CACHE_NOT_FLUSHED,
@@ -44,16 +45,6 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     else:
         real = request.getfixturevalue("real_sglang")
         yield Engine(SGLangClient(real.url, timeout=120), str(real.other_weights))
-
-
-@pytest.mark.parametrize("n", [1, 7, 64])
-def test_ignore_eos_gives_exactly_max_new_tokens_and_says_length(engine, n):
-    g = engine.client.generate(f"len-{n}", input_ids=PROMPT, timeout=120,
-                        sampling_params={"max_new_tokens": n, "ignore_eos": True,
-                                         "temperature": 0.0})
-    assert len(g.output_ids) == g.completion_tokens == n
-    assert g.finish_reason == {"type": "length", "length": n}
-    assert g.prompt_tokens == len(PROMPT) and len(g.logprobs) == n
 
 
 def test_an_rid_in_flight_is_refused_and_an_abort_returns_the_partial_output(

@@ -10,7 +10,8 @@ from typing import ClassVar
 
 import pytest
 
-from queue_rollout.engines.sglang import DuplicateRid, EngineError, SGLangClient
+from queue_rollout.engines.base import DuplicateRid, EngineError
+from queue_rollout.engines.sglang import SGLangClient
 
 GENERATE_OK = {
     "text": " The answer is \\boxed{4}",

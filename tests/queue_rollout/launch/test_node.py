@@ -23,12 +23,13 @@ from queue_rollout.config import Config, EngineConfig, load_config
 from queue_rollout.errors import ConfigError
 from queue_rollout.launch.node import (
     SGLANG_PYTHON_ENV,
+    VLLM_PYTHON_ENV,
+    check_engine_python,
     check_ports,
-    check_sglang_python,
+    engine_python,
     parse_gpus,
     replica_argv,
     replica_env,
-    sglang_python,
 )
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
@@ -64,11 +65,11 @@ def sglang_config(*args: str, **engine: object) -> Config:
 def test_sglang_runs_under_engine_python_else_the_environment_variable_else_this_python(
         monkeypatch):
     monkeypatch.delenv(SGLANG_PYTHON_ENV, raising=False)
-    assert sglang_python(EngineConfig()) == sys.executable
+    assert engine_python(EngineConfig()) == sys.executable
     monkeypatch.setenv(SGLANG_PYTHON_ENV, "/venvs/sglang/bin/python")
-    assert sglang_python(EngineConfig()) == "/venvs/sglang/bin/python"
+    assert engine_python(EngineConfig()) == "/venvs/sglang/bin/python"
     config = sglang_config(python="/opt/sglang/bin/python")
-    assert sglang_python(config.engine) == "/opt/sglang/bin/python"  # the key wins
+    assert engine_python(config.engine) == "/opt/sglang/bin/python"  # the key wins
     assert replica_argv(config, 0, 30000, "b")[:3] == [
         "/opt/sglang/bin/python", "-m", "sglang.launch_server"]
 
@@ -79,7 +80,7 @@ def test_a_python_without_sglang_is_refused_naming_it_and_the_fix(monkeypatch, t
         pytest.skip("this Python has SGLang")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with pytest.raises(ConfigError) as refused:
-        check_sglang_python(EngineConfig(kind="sglang"), env)
+        check_engine_python(EngineConfig(kind="sglang"), env)
     assert str(refused.value) == (
         f"engine.python: {sys.executable} (node's own Python: neither engine.python nor "
         f"{SGLANG_PYTHON_ENV} is set) cannot import sglang: install SGLang for that Python, "
@@ -87,13 +88,13 @@ def test_a_python_without_sglang_is_refused_naming_it_and_the_fix(monkeypatch, t
         "Python that has it")
     monkeypatch.setenv(SGLANG_PYTHON_ENV, sys.executable)
     with pytest.raises(ConfigError, match=f"\\({SGLANG_PYTHON_ENV}\\) cannot import sglang"):
-        check_sglang_python(EngineConfig(kind="sglang"), env)
+        check_engine_python(EngineConfig(kind="sglang"), env)
     missing = str(tmp_path / "no-such-python")
     with pytest.raises(ConfigError, match=f"{missing} \\(engine.python\\) cannot be run"):
-        check_sglang_python(EngineConfig(kind="sglang", python=missing), env)
+        check_engine_python(EngineConfig(kind="sglang", python=missing), env)
     (tmp_path / "sglang").mkdir()  # with a package named sglang on its path, it passes
     (tmp_path / "sglang" / "__init__.py").write_text("")
-    check_sglang_python(EngineConfig(kind="sglang"), {**env, "PYTHONPATH": str(tmp_path)})
+    check_engine_python(EngineConfig(kind="sglang"), {**env, "PYTHONPATH": str(tmp_path)})
 
 
 def test_a_cpu_server_gets_sglang_use_cpu_engine_and_the_rest_of_the_environment(
@@ -116,6 +117,35 @@ def test_deterministic_inference_on_a_cpu_server_is_refused_not_dropped():
         replica_argv(sglang_config("--device", "cpu"), 0, 30000, "b")
     argv = replica_argv(sglang_config("--device", "cpu", deterministic=False), 0, 30000, "b")
     assert "--enable-deterministic-inference" not in argv and argv[-2:] == ["--device", "cpu"]
+
+
+def test_a_vllm_replica_runs_its_server_on_loopback_with_the_dev_routes(monkeypatch,
+                                                                        tmp_path):
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.setenv(SGLANG_PYTHON_ENV, "/venvs/sglang/bin/python")  # not vLLM's
+    config = Config(engine=EngineConfig(kind="vllm", model_path="/models/policy",
+                                        slots_per_replica=64, pause_mode="abort",
+                                        vllm_args=["--dtype", "float32"]))
+    assert replica_argv(config, 2, 30002, "b") == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+        "/models/policy", "--host", "127.0.0.1", "--port", "30002", "--enable-scale-out",
+        "--max-num-seqs", "64", "--dtype", "float32"]
+    monkeypatch.setenv(VLLM_PYTHON_ENV, "/venvs/vllm/bin/python")
+    assert engine_python(config.engine) == "/venvs/vllm/bin/python"
+    env = replica_env(config, 2)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "2"
+    assert "VLLM_SERVER_DEV_MODE" not in replica_env(sglang_config(), 2)
+    with pytest.raises(ConfigError, match=r'engine\.model_path: `node` with engine\.kind = "vllm"'):
+        replica_argv(Config(engine=EngineConfig(kind="vllm", pause_mode="abort")), 0, 1, "b")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    monkeypatch.setenv(VLLM_PYTHON_ENV, sys.executable)
+    if find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match=f"\\({VLLM_PYTHON_ENV}\\) cannot import vllm: "
+                                              "install vLLM for that Python"):
+            check_engine_python(EngineConfig(kind="vllm"), env)
+    (tmp_path / "vllm").mkdir()  # with a package named vllm on its path, it passes
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    check_engine_python(EngineConfig(kind="vllm"), {**env, "PYTHONPATH": str(tmp_path)})
 
 
 def node_farm(tmp_path: Path, redis_url: str, **changes: dict) -> Path:

@@ -53,7 +53,7 @@ from hypothesis.stateful import (
 )
 
 from queue_rollout.config import RolloutConfig
-from queue_rollout.engines.sglang import turn_rid
+from queue_rollout.engines.base import turn_rid
 from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger.core import Answer, Ledger
 from queue_rollout.ledger.doctor import examine

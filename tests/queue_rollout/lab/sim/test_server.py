@@ -11,12 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from queue_rollout.engines.sglang import (
-    DuplicateRid,
-    EngineError,
-    GenerateUncertain,
-    SGLangClient,
-)
+from queue_rollout.engines.base import DuplicateRid, EngineError, GenerateUncertain
+from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 
 
