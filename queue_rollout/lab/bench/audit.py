@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_rollout.engines.sglang import episode_seed, turn_rid
+from queue_rollout.engines.base import episode_seed, turn_rid
 from queue_rollout.lab.bench.measures import ModeRun
 from queue_rollout.lab.workloads.profile import manifest_digest
 from queue_rollout.turns import member_turns

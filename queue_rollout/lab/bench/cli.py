@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
 from queue_rollout.argtypes import fraction, non_negative, positive
 from queue_rollout.config import Config
 from queue_rollout.errors import ConfigError
@@ -20,12 +22,13 @@ HELP = "benchmarks: the pilots through the real stack, the control plane, the le
 BENCH_PROFILES = {
     "long-tail": "2 min", "equal": "1.5 min", "group-between": "1.5 min",
     "mixed-tail": "1.5 min", "control-plane": "1 min", "ledger": "30 s",
-    "calibration": "30 s", "gpu-h200": "10 s", "swe-agentic": "8.5 min",
+    "calibration": "30 s", "gpu-h200": "2 min", "swe-agentic": "8.5 min",
     "boba-math": "3.5 min",
     "boba-math-b8": "3.5 min", "long-prompt": "3.5 min", "kv-pressure": "5.5 min",
-    "all": "28 min (every profile above)", "sim-replica": "1 min",
+    "all": "30 min (every profile above)", "sim-replica": "1 min",
     "redis-load": "2 min", "real-sglang": "14 min (needs SGLang and --model)",
     "real-sglang-kv": "10 min (needs SGLang and --model)",
+    "real-vllm": "15 min (needs vLLM and an untied --model)",
     "peer-areal": "16 min (needs AReaL, SGLang and --model; --small: 1.5 min, AReaL only)",
 }
 
@@ -43,8 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "episodes vs plain RQ; ledger: script ops/s vs the trivial-script "
                         "floor; calibration: the engine model's ideal schedules of "
                         "long-tail and equal under each pause mode beside the reference's "
-                        "figures; gpu-h200: the same pilots at the seed's shape predicted "
-                        "from an H200's step times, beside the seed's figures; all: every "
+                        "figures; gpu-h200: the same pilots at the seed's shape, and the "
+                        "seed's workloads, predicted from an H200's step times, beside the "
+                        "seed's figures; all: every "
                         "one of these (without --profile: the list, "
                         "with how long each takes); sim-replica: CPU of one simulated "
                         "replica serving --requests in a closed loop; "
@@ -53,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "replicas on this machine's CPU (--model), beside the engine model "
                         "calibrated on group admission (not part of all); real-sglang-kv: "
                         "the same replicas short of KV memory, sample refill with fixed and "
-                        "adaptive slots; peer-areal: AReaL's own rollout against the farm's "
-                        "group admission and sample refill, on those real replicas and on "
+                        "adaptive slots; real-vllm: the same on two real vLLM replicas, "
+                        "calibrated on vLLM's own metrics; peer-areal: AReaL's own "
+                        "rollout against the farm's group admission and sample refill, on "
+                        "those real replicas and on "
                         "simulated ones at the reference shape, and the control plane's "
                         "price (needs AReaL's venv: QUEUE_ROLLOUT_AREAL_PYTHON)")
     p.add_argument("--json", action="store_true", help="one JSON object per profile")
@@ -71,7 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refit", action="store_true",
                    help="swe-agentic, boba-math: fit the calibrated parameters to the "
                         "seed's group-admission baseline again, in virtual time, from the "
-                        "shipped values; prints them (JSON) instead of running the pilot")
+                        "shipped values; prints them (JSON) instead of running the pilot "
+                        "(gpu-h200: both, on the H200's engine constants)")
     p.add_argument("--sensitivity", action="store_true",
                    help="swe-agentic, boba-math, boba-math-b8: also both modes' ideal "
                         "schedules with one modelling choice changed at a time (KV pool, "
@@ -102,14 +109,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="peer-areal: the simulated setting alone, 32 groups, one run per "
                         "contender (no --model needed)")
     p.add_argument("--model", metavar="DIR",
-                   help="real-sglang, peer-areal: the model the replicas serve (SGLang's Python: "
-                        "engine.python, else $QUEUE_ROLLOUT_SGLANG_PYTHON)")
+                   help="real-sglang, real-vllm, peer-areal: the model the replicas serve "
+                        "(the engine's Python: engine.python, else "
+                        "$QUEUE_ROLLOUT_SGLANG_PYTHON or $QUEUE_ROLLOUT_VLLM_PYTHON)")
     p.add_argument("--repeats", type=positive, default=3,
-                   help="real-sglang, peer-areal: runs per mode (contender), alternating; "
+                   help="real-sglang, real-vllm, peer-areal: runs per mode (contender), "
+                        "alternating; "
                         "the median is reported (default 3)")
     p.add_argument("--cores", default="0,1",
-                   help="real-sglang, peer-areal: the two CPU cores the replicas are pinned to "
-                        "(default 0,1)")
+                   help="real-sglang, real-vllm, peer-areal: the two CPU cores the replicas "
+                        "are pinned to (default 0,1)")
     p.add_argument("--requests", type=positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
     p.add_argument("--gpus", type=positive, default=8,
@@ -182,15 +191,16 @@ def run(config: Config, args: argparse.Namespace) -> int:
             print(f"logs: {work}", file=sys.stderr)
         return 0
 
-    if args.profile in ("real-sglang", "real-sglang-kv"):
+    if args.profile in ("real-sglang", "real-sglang-kv", "real-vllm"):
         return _bench_real_sglang(config, args)
     if args.profile == "peer-areal":
         return _bench_peer_areal(config, args)
     from queue_rollout.lab.bench.main import BenchArgs, run_bench
 
-    if args.refit and args.profile not in ("swe-agentic", "boba-math"):
+    if args.refit and args.profile not in ("swe-agentic", "boba-math", "gpu-h200"):
         raise ConfigError(f"--refit: {args.profile} has no calibration to fit "
-                          "(swe-agentic and boba-math have)")
+                          "(swe-agentic and boba-math have; gpu-h200 fits both again on "
+                          "the H200's constants)")
     return run_bench(BenchArgs(
         profile=args.profile, json=args.json, out=Path(args.out) if args.out else None,
         max_staleness=args.max_staleness, time_scale=args.time_scale,
@@ -220,21 +230,28 @@ def _progress() -> Callable[[str], None]:
 
 
 def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
+    """real-sglang, real-sglang-kv and real-vllm: two real replicas of this machine."""
     from queue_rollout.lab.bench.real_sglang import real_sglang_text, run_real_sglang, write_json
-    from queue_rollout.launch.node import sglang_python
+    from queue_rollout.lab.bench.real_vllm import run_real_vllm
+    from queue_rollout.launch.node import engine_python
     from queue_rollout.progress import log_to_file
 
     if not args.model:
-        raise ConfigError("--model: the real-sglang profile needs the model its replicas "
+        raise ConfigError(f"--model: the {args.profile} profile needs the model its replicas "
                           "serve (a folder with config.json)")
     cores = _cores(args)
     work = (Path(config.farm.state_dir) / f"bench-{args.profile}").resolve()
     if not args.verbose:
         log_to_file(work.parent / f"bench-{args.profile}.log")
-    result = run_real_sglang(
-        Path(args.model).expanduser().resolve(), sglang_python(config.engine), work,
-        kv_pressure=args.profile == "real-sglang-kv", repeats=args.repeats,
-        cores=cores, progress=_progress())
+    model = Path(args.model).expanduser().resolve()
+    if args.profile == "real-vllm":
+        python = engine_python(msgspec.structs.replace(config.engine, kind="vllm"))
+        result = run_real_vllm(model, python, work, repeats=args.repeats, cores=cores,
+                               progress=_progress())
+    else:
+        result = run_real_sglang(model, engine_python(config.engine), work,
+                                 kv_pressure=args.profile == "real-sglang-kv",
+                                 repeats=args.repeats, cores=cores, progress=_progress())
     write_json(work / "result.json", result)
     print(json.dumps(result) if args.json else real_sglang_text(result))
     print(f"logs and result.json: {work}", file=sys.stderr)
@@ -243,7 +260,7 @@ def _bench_real_sglang(config: Config, args: argparse.Namespace) -> int:
 
 def _bench_peer_areal(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.lab.bench.peer_areal import peer_text, run_peer_areal, write_json
-    from queue_rollout.launch.node import sglang_python
+    from queue_rollout.launch.node import engine_python
     from queue_rollout.progress import log_to_file
 
     if not args.small and not args.model:
@@ -256,7 +273,7 @@ def _bench_peer_areal(config: Config, args: argparse.Namespace) -> int:
         log_to_file(work.parent / "bench-peer-areal.log")
     result = run_peer_areal(
         work, model=Path(args.model).expanduser().resolve() if args.model else None,
-        sglang_python="" if args.small else sglang_python(config.engine),
+        sglang_python="" if args.small else engine_python(config.engine),
         repeats=args.repeats, cores=cores, small=args.small, progress=_progress())
     write_json(work / "result.json", result)
     print(json.dumps(result) if args.json else peer_text(result))

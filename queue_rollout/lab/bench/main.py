@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from queue_rollout.config import Placement
 from queue_rollout.lab.bench.calibration import calibration_text, run_calibration
 from queue_rollout.lab.bench.control_plane import run_control_plane_bench, side_runs
-from queue_rollout.lab.bench.gpu_h200 import gpu_h200_text, run_gpu_h200
+from queue_rollout.lab.bench.gpu_h200 import REFIT_ON_H200, gpu_h200_text, run_gpu_h200
 from queue_rollout.lab.bench.kv_pressure import run_kv_pressure
 from queue_rollout.lab.bench.ledger import run_ledger_bench
 from queue_rollout.lab.bench.measures import ModeRun
@@ -27,6 +27,7 @@ from queue_rollout.lab.bench.pilot import Bench, open_bench, run_pilot, window_s
 from queue_rollout.lab.bench.placement import run_long_prompt
 from queue_rollout.lab.bench.report import kv_text, pilot_text, placement_text, write_report
 from queue_rollout.lab.bench.seed_pilots import calibration_achieved, refit, sensitivity
+from queue_rollout.lab.virtual.hardware import H200
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import KV_PRESSURE, LONG_PROMPT, PILOTS
 from queue_rollout.lab.workloads.profile import Profile
@@ -55,7 +56,7 @@ class BenchArgs:
     max_staleness: int | None = None  # None: the profile's own (else 2)
     time_scale: float | None = None  # None: the profile's own (else 0.1)
     token_scale: float | None = None  # None: the profile's own (else 0.125)
-    refit: bool = False  # swe-agentic, boba-math: fit the calibration again
+    refit: bool = False  # swe-agentic, boba-math (gpu-h200: both on the H200): fit again
     sensitivity: bool = False  # the seed's pilots: ideal schedules with each choice changed
     cp_workers: int = 8
     cp_episodes: int = 8000
@@ -125,10 +126,13 @@ def run_bench(args: BenchArgs, out: TextIO | None = None, err: TextIO | None = N
             if not args.verbose:
                 log_to_file(work / "bench.log")
         redis_server = stack.enter_context(EmbeddedRedis(work / "redis", write_url=False))
-        if args.refit:
-            fitted = refit(args.profile, redis_server.url, work / "refit", progress)
-            emit(fitted, json.dumps(fitted, indent=2))
-            pilots = []
+        if args.refit:  # gpu-h200: the seed's workloads fitted again on the H200's constants
+            on_h200 = args.profile == "gpu-h200"
+            for name in REFIT_ON_H200 if on_h200 else (args.profile,):
+                fitted = refit(name, redis_server.url, work / "refit" / name, progress,
+                               engine=H200 if on_h200 else None)
+                emit(fitted, json.dumps(fitted, indent=2))
+            profiles, pilots = (), []
         bench: Bench | None = None
         try:
             for name in pilots:

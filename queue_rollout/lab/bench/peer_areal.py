@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from queue_rollout.engines.sglang import episode_seed
+from queue_rollout.engines.base import episode_seed
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
 from queue_rollout.lab.bench.audit import audit
 from queue_rollout.lab.bench.measures import ModeRun
@@ -61,7 +61,7 @@ from queue_rollout.lab.sim.model import PROMPT_HEAD
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.pilots import PILOTS
 from queue_rollout.lab.workloads.profile import Profile, unit
-from queue_rollout.launch.node import check_sglang_python, replica_env
+from queue_rollout.launch.node import check_engine_python, replica_env
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.history import read_story
@@ -394,7 +394,7 @@ def run_real(workdir: Path, python: str, model: Path, sglang_python: str, *, rep
                           "which is not on PATH (Debian: util-linux)")
     shape = real_shape(PROMPTS, POOL_TOKENS)
     config = engine_config(model, sglang_python, shape)
-    check_sglang_python(config.engine, replica_env(config, 0))
+    check_engine_python(config.engine, replica_env(config, 0))
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     with EmbeddedRedis(workdir / "redis", write_url=False) as redis_server:

@@ -44,8 +44,9 @@ from typing import Any
 import msgspec
 
 from queue_rollout.config import Config, PauseMode
-from queue_rollout.engines.concurrency import metric_totals
-from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.base import EngineClient
+from queue_rollout.engines.client import engine_client
+from queue_rollout.engines.concurrency import SGLANG_METRICS, VLLM_METRICS, metric_totals
 from queue_rollout.errors import ConfigError, InvariantViolation, QueueRolloutError
 from queue_rollout.lab.bench.audit import audit
 from queue_rollout.lab.bench.fit import least_squares
@@ -58,7 +59,7 @@ from queue_rollout.lab.workloads.pilots import long_tail_lengths
 from queue_rollout.lab.workloads.profile import Profile
 from queue_rollout.launch.node import (
     CPU_SGLANG_ARGS,
-    check_sglang_python,
+    check_engine_python,
     replica_argv,
     replica_env,
 )
@@ -119,12 +120,15 @@ def real_shape(prompts: int = PROMPTS, pool: int = POOL_TOKENS) -> Shape:
 
 @dataclass
 class RealReplica:
-    """One SGLang server pinned to *core*."""
+    """One server of *kind* (SGLang or vLLM) pinned to *core*."""
 
     core: int
     log_path: Path
+    kind: str = "sglang"
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    #: added to its environment (vLLM's KV space on the CPU)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -135,19 +139,19 @@ class RealReplica:
         self.port = free_port()
         argv = ["taskset", "-c", str(self.core),
                 *replica_argv(config, self.core, self.port, "bench")]
-        env = {**replica_env(config, self.core), "OMP_NUM_THREADS": "1"}
+        env = {**replica_env(config, self.core), "OMP_NUM_THREADS": "1", **self.env}
         with self.log_path.open("ab") as log:
             # a session of its own: stop() ends the scheduler and detokenizer with it
             self.proc = spawn(argv, env=env, stdout=log, stderr=log, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 600.0) -> None:
         assert self.proc is not None, "launch() first"
-        client = SGLangClient(self.url, timeout=5)
+        client = engine_client(self.kind, self.url, timeout=5)
         deadline = time.monotonic() + timeout
         while not client.healthy(timeout=5):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise QueueRolloutError(f"the SGLang server on core {self.core} did not "
+                raise QueueRolloutError(f"the {self.kind} server on core {self.core} did not "
                                         f"become healthy; the end of {self.log_path}:\n"
                                         + log_tail(self.log_path, 20))
             time.sleep(1.0)
@@ -180,34 +184,64 @@ class RealReplica:
                 for m in _DECODE.finditer(text)]
 
 
-#: The replicas' counters each run reports, as the differences over the run.
-ENGINE_COUNTERS = {"requests": "sglang:num_requests_total",
-                   "generation_tokens": "sglang:generation_tokens_total",
-                   "retractions": "sglang:num_retracted_requests_total"}
+#: The replicas' counters each run reports, as the differences over the run, by kind.
+ENGINE_COUNTERS = {
+    "sglang": {"requests": "sglang:num_requests_total",
+               "generation_tokens": "sglang:generation_tokens_total",
+               "retractions": SGLANG_METRICS.retracted},
+    "vllm": {"requests": "vllm:request_success_total",
+             "generation_tokens": "vllm:generation_tokens_total",
+             "retractions": VLLM_METRICS.retracted}}
+#: What each kind calls its running requests.
+RUNNING = {"sglang": SGLANG_METRICS.running, "vllm": VLLM_METRICS.running}
+
+
+#: A run's samples of the replicas' metrics: (monotonic time, each replica's totals).
+Samples = list[tuple[float, list[dict[str, float]]]]
+
+
+def logged_decode_lines(replicas: list[RealReplica], offsets: list[int],
+                        samples: Samples) -> list[dict[str, float]]:
+    """SGLang's decode lines the replicas logged since *offsets* (their logs' sizes at
+    the run's start); the metric samples are not needed."""
+    return [line for r, start in zip(replicas, offsets, strict=True)
+            for line in r.decode_lines(start, r.log_size())]
 
 
 @dataclass
 class RealBench(Bench):
-    """The :class:`Bench` on real SGLang replicas: started, pinned and observed here."""
+    """The :class:`Bench` on real replicas (SGLang, or vLLM: ``config.engine.kind``):
+    started, pinned and observed here. *decode_lines* turns one run's log lines (SGLang's
+    decode lines) or metric samples (vLLM's) into the calibration's lines."""
 
     config: Config = field(default_factory=Config)
     cores: tuple[int, ...] = (0, 1)
+    replica_env: dict[str, str] = field(default_factory=dict)
     replicas: list[RealReplica] = field(default_factory=list)
     decode: dict[int, list[dict[str, float]]] = field(default_factory=dict)  # run -> lines
     served: dict[int, list[tuple[float, int]]] = field(default_factory=dict)  # run -> samples
     prefill_tokens_per_s: float = 0.0
+    decode_lines: Callable[[list[RealReplica], list[int], Samples],
+                           list[dict[str, float]]] = logged_decode_lines
+
+    @property
+    def kind(self) -> str:
+        return self.config.engine.kind
 
     def engine_section(self) -> dict[str, object]:
         s = self.shape
-        return {"kind": "sglang", "replicas": s.replicas, "slots_per_replica": s.slots_per_replica,
-                "threads_per_process": s.slots_per_replica, "deterministic": False}
+        return {"kind": self.kind, "replicas": s.replicas,
+                "slots_per_replica": s.slots_per_replica,
+                "threads_per_process": s.slots_per_replica, "deterministic": False,
+                "pause_mode": self.config.engine.pause_mode}
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.replicas = [RealReplica(core, self.workdir / f"sglang-core{core}.log")
+        self.replicas = [RealReplica(core, self.workdir / f"{self.kind}-core{core}.log",
+                                     self.kind, env=self.replica_env)
                          for core in self.cores[: self.shape.replicas]]
         # at once: each starts on its own core
-        self.progress("real-sglang: starting SGLang on cores "
+        self.progress(f"real-{self.kind}: starting {self.kind} on cores "
                       + ", ".join(str(r.core) for r in self.replicas))
         for replica in self.replicas:
             replica.launch(self.config)
@@ -215,9 +249,9 @@ class RealBench(Bench):
             replica.wait_healthy()
         self.engine_urls = [r.url for r in self.replicas]
         self.prefill_tokens_per_s = statistics.median(
-            prefill_rate(SGLangClient(r.url, timeout=120)) for r in self.replicas)
-        self.progress(f"real-sglang: replicas up at {', '.join(self.engine_urls)}; prefill "
-                      f"{self.prefill_tokens_per_s:,.0f} tokens/s")
+            prefill_rate(engine_client(self.kind, r.url, timeout=120)) for r in self.replicas)
+        self.progress(f"real-{self.kind}: replicas up at {', '.join(self.engine_urls)}; "
+                      f"prefill {self.prefill_tokens_per_s:,.0f} tokens/s")
 
     def stop(self) -> None:
         for replica in self.replicas:
@@ -229,19 +263,17 @@ class RealBench(Bench):
     @contextlib.contextmanager
     def observed(self, run_number: int) -> Iterator[dict[str, float]]:
         """Around one run: the replicas' counters (the run's differences, in the dict
-        yielded), their decode log lines, and their running requests sampled every
-        0.1 s (absolute monotonic times)."""
+        yielded), the calibration's lines, and their metrics sampled every 0.1 s
+        (absolute monotonic times)."""
         before = [r.counters() for r in self.replicas]
         offsets = [r.log_size() for r in self.replicas]
-        samples: list[tuple[float, int]] = []
+        samples: Samples = []
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.1):
                 with contextlib.suppress(OSError, ValueError):
-                    running = sum(r.counters().get("sglang:num_running_reqs", 0.0)
-                                  for r in self.replicas)
-                    samples.append((time.monotonic(), int(running)))
+                    samples.append((time.monotonic(), [r.counters() for r in self.replicas]))
 
         thread = threading.Thread(target=sample, name="served-sampler", daemon=True)
         thread.start()
@@ -252,13 +284,13 @@ class RealBench(Bench):
             stop.set()
             thread.join()
             after = [r.counters() for r in self.replicas]
-            for key, name in ENGINE_COUNTERS.items():
+            for key, name in ENGINE_COUNTERS[self.kind].items():
                 deltas[key] = round(sum(a.get(name, 0.0) - b.get(name, 0.0)
                                         for a, b in zip(after, before, strict=True)))
-            self.decode[run_number] = [line for r, start in zip(self.replicas, offsets,
-                                                                strict=True)
-                                       for line in r.decode_lines(start, r.log_size())]
-            self.served[run_number] = samples
+            self.decode[run_number] = self.decode_lines(self.replicas, offsets, samples)
+            running = RUNNING[self.kind]
+            self.served[run_number] = [(t, int(sum(c.get(running, 0.0) for c in totals)))
+                                       for t, totals in samples]
 
     def run_real(self, profile: Profile, mode: str, prompts: list[dict[str, Any]],
                  adaptive: bool = False, pause_mode: PauseMode | None = None,
@@ -282,7 +314,7 @@ class RealBench(Bench):
         return run
 
 
-def prefill_rate(client: SGLangClient, tokens: int = 2000, tries: int = 3) -> float:
+def prefill_rate(client: EngineClient, tokens: int = 2000, tries: int = 3) -> float:
     """Prompt tokens a replica computes per second: a *tokens*-long prompt and a short
     one, each answered with one token, the difference of the fastest of *tries*."""
     def fastest(n: int) -> float:
@@ -448,6 +480,19 @@ def engine_config(model: Path, python: str, shape: Shape) -> Config:
                         "--decode-log-interval", str(DECODE_LOG_INTERVAL)]}}, Config)
 
 
+def check_setup(profile: str, model: Path, cores: tuple[int, int]) -> None:
+    """ConfigError unless *model* holds a model, taskset is there and *cores* are two
+    different cores of this machine."""
+    if not (model / "config.json").exists():
+        raise ConfigError(f"--model: {model} holds no model (no config.json)")
+    if shutil.which("taskset") is None:
+        raise ConfigError(f"{profile} pins each replica to a core with taskset, which is "
+                          "not on PATH (Debian: util-linux)")
+    if len(set(cores)) != 2 or max(cores) >= (os.cpu_count() or 1):
+        raise ConfigError(f"--cores: two different cores of this machine's "
+                          f"{os.cpu_count()}, got {cores}")
+
+
 def run_real_sglang(model: Path, python: str, workdir: Path, *, kv_pressure: bool = False,
                     repeats: int = REPEATS, short: int = SHORT_TOKENS, prompts: int = PROMPTS,
                     cores: tuple[int, int] = (0, 1),
@@ -456,17 +501,10 @@ def run_real_sglang(model: Path, python: str, workdir: Path, *, kv_pressure: boo
     calibrated on the group runs; the prediction beside the measurement. With
     *kv_pressure*: replicas of a small KV pool, the long tail in sample mode with fixed
     and with adaptive slots, calibrated on the fixed runs."""
-    if not (model / "config.json").exists():
-        raise ConfigError(f"--model: {model} holds no model (no config.json)")
-    if shutil.which("taskset") is None:
-        raise ConfigError("real-sglang pins each replica to a core with taskset, which is "
-                          "not on PATH (Debian: util-linux)")
-    if len(set(cores)) != 2 or max(cores) >= (os.cpu_count() or 1):
-        raise ConfigError(f"--cores: two different cores of this machine's "
-                          f"{os.cpu_count()}, got {cores}")
+    check_setup("real-sglang", model, cores)
     shape = real_shape(prompts, KV_POOL_TOKENS if kv_pressure else POOL_TOKENS)
     config = engine_config(model, python, shape)
-    check_sglang_python(config.engine, replica_env(config, 0))
+    check_engine_python(config.engine, replica_env(config, 0))
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     started = time.monotonic()
@@ -499,18 +537,19 @@ def run_variants(bench: RealBench, profile: Profile, variants: tuple[Variant, Va
     baseline_runs: list[int] = []
     for k in range(repeats):
         for v in variants:
-            bench.progress(f"real-sglang {profile.name}: {v.name}, run {k + 1} of {repeats}")
+            bench.progress(f"real-{bench.kind} {profile.name}: {v.name}, run {k + 1} of "
+                           f"{repeats}")
             run = bench.run_real(profile, v.mode, prompts, adaptive=v.adaptive)
             runs[v.name].append(run)
             if v is variants[0]:
                 baseline_runs.append(bench.runs)
-            bench.progress(f"real-sglang {profile.name} {v.name}: all work in "
+            bench.progress(f"real-{bench.kind} {profile.name} {v.name}: all work in "
                            f"{run.all_work_s:.1f}s, {run.engine_counters.get('retractions')} "
                            "retractions")
     problems = audit(prompts, [run for name_runs in runs.values() for run in name_runs],
                      request_logs=False)
     if problems:
-        raise InvariantViolation(f"bench real-sglang {profile.name}: audit failed: "
+        raise InvariantViolation(f"bench real-{bench.kind} {profile.name}: audit failed: "
                                  + "; ".join(problems[:10]))
     decode = calibrate([line for n in baseline_runs for line in bench.decode[n]])
     shape = calibrated(bench.shape, decode, bench.prefill_tokens_per_s)
@@ -531,7 +570,10 @@ def real_sglang_text(result: dict[str, Any]) -> str:
     """The table: per workload and figure, each variant measured (median, range) and
     predicted, and the change measured, predicted, apart."""
     shape = result["shape"]
-    lines = [f"bench {result['profile']}: 2 SGLang replicas on cores {result['cores']} (one "
+    vllm = result["profile"] == "real-vllm"
+    source = "windows of vLLM's metrics" if vllm else "decode lines"
+    lines = [f"bench {result['profile']}: 2 {'vLLM' if vllm else 'SGLang'} replicas on cores "
+             f"{result['cores']} (one "
              f"thread each, a KV pool of {shape['pool_tokens']:,} tokens), "
              f"B{shape['batch_size']} x G{shape['group_size']}, {shape['slots']} slots, "
              f"{shape['prompts']} groups, max_staleness {shape['max_staleness']}, "
@@ -542,7 +584,7 @@ def real_sglang_text(result: dict[str, Any]) -> str:
         lines.append(f"  {w['profile']} ({w['summary']}); decode step = {c['step_ms']:.2f} ms "
                      f"+ {c['step_ms_per_request']:.3f} ms x running + "
                      f"{c['step_us_per_context_token']:.3f} us x context token "
-                     f"(fitted to {c['lines']:.0f} decode lines of the {base} runs, median "
+                     f"(fitted to {c['lines']:.0f} {source} of the {base} runs, median "
                      f"error {c['median_relative_error']:.1%})")
         lines.append(f"    {'figure':24} {base:>19} {treated:>19} {'change':>8} "
                      f"{'predicted':>10} {'apart':>8}")

@@ -20,16 +20,19 @@ from queue_rollout.lab.bench.pilot import Bench
 from queue_rollout.lab.bench.results import changes
 from queue_rollout.lab.virtual.farm import SimReport
 from queue_rollout.lab.virtual.figures import schedule_figures
+from queue_rollout.lab.virtual.hardware import H200, EngineProfile
 from queue_rollout.lab.virtual.shape import Scale, Shape
 from queue_rollout.lab.workloads.profile import Profile
 from queue_rollout.lab.workloads.seed import (
     BOBA_B8_SHAPE,
     BOBA_FITTED,
     BOBA_PARAMS,
+    BOBA_PARAMS_H200,
     BOBA_SHAPE,
     BOBA_TARGETS,
     SWE_FITTED,
     SWE_PARAMS,
+    SWE_PARAMS_H200,
     SWE_SHAPE,
     SWE_TARGETS,
     boba_profile,
@@ -51,26 +54,32 @@ def baseline_figures(report: SimReport, prompts: list[dict[str, Any]], shape: Sh
             "mean_output_tokens": sum(members) / len(members) / scale.tokens}
 
 
-def refit(name: str, redis_url: str, workdir: Path,
-          progress: Callable[[str], None]) -> dict[str, Any]:
+def refit(name: str, redis_url: str, workdir: Path, progress: Callable[[str], None],
+          engine: EngineProfile | None = None) -> dict[str, Any]:
     """Fit *name*'s free parameters to the seed's baseline, starting from the shipped
-    ones; the fitted values, the figures they give and the targets, as JSON."""
+    ones (for *engine*'s constants, or the default engine model's); the fitted values,
+    the figures they give and the targets, as JSON."""
     if name == "swe-agentic":
-        names, targets, start = SWE_FITTED, SWE_TARGETS, SWE_PARAMS
+        names, targets = SWE_FITTED, SWE_TARGETS
+        swe_start = SWE_PARAMS_H200 if engine is H200 else SWE_PARAMS
+        start: Any = swe_start
 
         def make(values: Mapping[str, float]) -> Profile:
-            return swe_profile(dataclasses.replace(SWE_PARAMS, **_any(values)), calibration={})
+            return swe_profile(dataclasses.replace(swe_start, **_any(values)), calibration={})
     elif name == "boba-math":
-        names, targets, start = BOBA_FITTED, BOBA_TARGETS, BOBA_PARAMS  # type: ignore[assignment]
+        names, targets = BOBA_FITTED, BOBA_TARGETS  # type: ignore[assignment]
+        boba_start = BOBA_PARAMS_H200 if engine is H200 else BOBA_PARAMS
+        start = boba_start
 
         def make(values: Mapping[str, float]) -> Profile:
-            return boba_profile(params=dataclasses.replace(BOBA_PARAMS, **_any(values)),
+            return boba_profile(params=dataclasses.replace(boba_start, **_any(values)),
                                 calibration={})
     else:
         raise ValueError(f"{name} has no calibration to refit")
     probe = make({})
     assert probe.shape is not None and probe.scale is not None
-    bench = Bench(redis_url, probe.shape, probe.scale, workdir, progress)
+    shape = probe.shape if engine is None else engine.shape(probe.shape)
+    bench = Bench(redis_url, shape, probe.scale, workdir, progress)
 
     def evaluate(values: Mapping[str, float]) -> dict[str, float]:
         profile = make(values)
@@ -83,7 +92,8 @@ def refit(name: str, redis_url: str, workdir: Path,
 
     result: Fit = fit(evaluate, {k: float(getattr(start, k)) for k in names}, targets,
                       progress=progress)
-    return {"profile": name, "fitted": result.params,
+    return {"profile": name, "engine": "default" if engine is None else engine.name,
+            "fitted": result.params,
             "figures": {k: result.figures[k] for k in targets}, "targets": dict(targets),
             "worst_error": round(result.worst_error, 4), "evaluations": result.evaluations}
 

@@ -51,7 +51,8 @@ def _metrics(url: str) -> dict[str, float]:
 
 
 def run_sim_replica_bench(*, requests: int = 128, seconds: float = 60.0) -> SimReplicaResult:
-    from queue_rollout.engines.sglang import EngineError, SGLangClient
+    from queue_rollout.engines.base import EngineError
+    from queue_rollout.engines.sglang import SGLangClient
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from queue_rollout.config import PauseMode
+from queue_rollout.engines.base import turn_rid
 from queue_rollout.engines.concurrency import KvSignal, SlotLimit
-from queue_rollout.engines.sglang import turn_rid
 from queue_rollout.engines.synthetic import stable_hash
 from queue_rollout.lab.sim.model import (
     SimModel,

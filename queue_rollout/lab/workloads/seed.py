@@ -34,6 +34,10 @@ SWE_PROMPT_TOKENS = 2048  # system prompt, tool descriptions and the issue
 #: The fitted parameters (``queue-rollout bench --profile swe-agentic --refit``).
 SWE_PARAMS = AgenticParams(tool_median_s=4.7433, gen_median=188.87, turns_sigma=0.7255,
                            difficulty_sigma=0.9456)
+#: The same four fitted under the H200 engine profile
+#: (``queue-rollout bench --profile gpu-h200 --refit``).
+SWE_PARAMS_H200 = AgenticParams(tool_median_s=5.9710, gen_median=271.61, turns_sigma=0.6185,
+                                difficulty_sigma=0.5952)
 SWE_FITTED = ("tool_median_s", "gen_median", "turns_sigma", "difficulty_sigma")
 SWE_TARGETS = {"first_batch_s": 10.24 * 60, "accepted_groups_per_hour": 73.82,
                "mean_active_episodes": 55.62, "gpu_busy": 0.6899}
@@ -55,6 +59,9 @@ BOBA_B8_SHAPE = Shape(batch_size=8)
 BOBA_SCALE = Scale(time=0.1, tokens=0.125)
 #: The fitted parameters (``queue-rollout bench --profile boba-math --refit``).
 BOBA_PARAMS = ThinkingParams(median=10_258.0, member_sigma=0.4126)
+#: The same two fitted under the H200 engine profile
+#: (``queue-rollout bench --profile gpu-h200 --refit``).
+BOBA_PARAMS_H200 = ThinkingParams(median=10_345.6, member_sigma=0.5638)
 BOBA_FITTED = ("median", "member_sigma")
 BOBA_TARGETS = {"mean_output_tokens": 10_729.01, "mean_rollout_interval_s": 105.20}
 BOBA_SEED = {

@@ -299,7 +299,7 @@ def test_bench_without_a_profile_lists_them_and_runs_nothing(capsys):
 
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
-    assert all(f"  {name} " in err for name in BENCH_PROFILES) and "28 min" in err
+    assert all(f"  {name} " in err for name in BENCH_PROFILES) and "30 min" in err
 
 
 def test_bench_out_without_matplotlib_refuses_before_running(monkeypatch, tmp_path, capsys):

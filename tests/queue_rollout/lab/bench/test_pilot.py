@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from queue_rollout.engines.sglang import episode_seed
+from queue_rollout.engines.base import episode_seed
 from queue_rollout.errors import InvariantViolation
 from queue_rollout.lab.bench.audit import audit
 from queue_rollout.lab.bench.measures import ModeRun

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from queue_rollout.engines.sglang import episode_seed, turn_rid
+from queue_rollout.engines.base import episode_seed, turn_rid
 from queue_rollout.lab.bench.audit import audit
 from queue_rollout.lab.bench.measures import ModeRun
 from queue_rollout.lab.bench.pilot import open_bench, run_pilot
@@ -140,3 +140,30 @@ def test_refit_is_refused_for_a_profile_without_a_calibration(capsys):
 
     assert main(["bench", "--profile", "long-tail", "--refit"]) == 2
     assert "long-tail has no calibration to fit" in capsys.readouterr().err
+
+
+def test_a_refit_on_the_h200_runs_group_admission_on_the_h200s_constants(
+        redis_server, tmp_path, monkeypatch):
+    from queue_rollout.lab.bench import seed_pilots
+    from queue_rollout.lab.bench.fit import Fit
+    from queue_rollout.lab.bench.pilot import Bench
+    from queue_rollout.lab.virtual.hardware import H200
+    from queue_rollout.lab.workloads.seed import BOBA_PARAMS_H200, boba_profile
+
+    def one_evaluation(evaluate, start, targets, **_):  # the fit's first look, no search
+        return Fit(dict(start), evaluate({}), dict(targets), evaluations=1)
+
+    monkeypatch.setattr(seed_pilots, "fit", one_evaluation)
+    result = seed_pilots.refit("boba-math", redis_server.url, tmp_path / "fit",
+                               lambda line: None, engine=H200)
+    assert result["engine"] == "h200"
+    assert result["fitted"] == {"median": BOBA_PARAMS_H200.median,
+                                "member_sigma": BOBA_PARAMS_H200.member_sigma}
+    profile = boba_profile(params=BOBA_PARAMS_H200)
+    for shape, same in ((H200.shape(profile.shape), True), (profile.shape, False)):
+        bench = Bench(redis_server.url, shape, profile.scale, tmp_path / str(same))
+        prompts = profile.manifest(shape, profile.scale)
+        report = bench.ideal(prompts, "group", shape.max_staleness, "check")
+        figures = seed_pilots.baseline_figures(report, prompts, shape, profile.scale)
+        interval = result["figures"]["mean_rollout_interval_s"]
+        assert (interval == pytest.approx(figures["mean_rollout_interval_s"])) is same
