@@ -50,6 +50,7 @@ from typing import Any, Protocol
 
 from queue_rollout import RolloutClient
 from queue_rollout.client.training import TrainingBatch
+from queue_rollout.config import load_config
 
 KEYS = list(range(200, 208))  # key k's answer is ANSWERS[k]
 ANSWERS = list(range(100, 108))
@@ -135,6 +136,9 @@ class Trainer(Protocol):
     def step_on(self, t: dict[str, Any]) -> dict[str, float]: ...
     def save(self, path: Path) -> Path: ...
     def evaluate(self, prompts: list[dict[str, Any]]) -> float | None: ...
+    def probe(self, prompts: list[dict[str, Any]]) -> Any: ...
+    def answer_logp(self, probe: Any) -> Any: ...
+    def movement(self, before: Any, probe: Any) -> tuple[float, Any]: ...
 
 
 class NoTrainer:
@@ -157,6 +161,15 @@ class NoTrainer:
 
     def evaluate(self, prompts: list[dict[str, Any]]) -> float | None:
         return None
+
+    def probe(self, prompts: list[dict[str, Any]]) -> Any:
+        return None
+
+    def answer_logp(self, probe: Any) -> Any:
+        return None
+
+    def movement(self, before: Any, probe: Any) -> tuple[float, Any]:
+        return math.nan, None
 
 
 class TorchTrainer:
@@ -223,6 +236,59 @@ class TorchTrainer:
         return {"loss": float(loss), "tokens": float(mask.sum()),
                 "ratio_mean": float(ratio[kept].mean()) if kept.any() else math.nan}
 
+    def sample(self, prompts: list[dict[str, Any]], group_size: int,
+               temperature: float) -> dict[str, Any]:
+        """Each prompt's group sampled from this model in this process, at *temperature*
+        (member m generates ``lengths[m]`` tokens), as padded tensors laid out as
+        :meth:`TrainingBatch.tensors` lays out a farm's batch: the arm without the farm."""
+        torch = self.torch
+        rows = [(g, p, p["lengths"][m]) for g, p in enumerate(prompts) for m in range(group_size)]
+        x = torch.tensor([p["input_ids"] for _, p, _ in rows])
+        width, steps = x.shape[1], max(n for _, _, n in rows)
+        chosen = []
+        with torch.no_grad():
+            out = self.model(x, use_cache=True)
+            for _ in range(steps):
+                logp = torch.log_softmax(out.logits[:, -1].float() / temperature, -1)
+                token = torch.multinomial(logp.exp(), 1)
+                chosen.append(logp.gather(-1, token))
+                x = torch.cat([x, token], 1)
+                out = self.model(token, past_key_values=out.past_key_values, use_cache=True)
+        produced = torch.arange(x.shape[1])[None, :] < torch.tensor(
+            [width + n for _, _, n in rows])[:, None]
+        loss_mask = produced.clone()
+        loss_mask[:, :width] = False
+        logprobs = torch.zeros(x.shape)
+        logprobs[:, width:] = torch.cat(chosen, 1)
+        outputs = [x[i, width:width + n].tolist() for i, (_, _, n) in enumerate(rows)]
+        return {"input_ids": x * produced, "attention_mask": produced.long(),
+                "loss_mask": loss_mask.long(), "logprobs": logprobs * loss_mask,
+                "rewards": torch.tensor([score(o, p["target"]) for o, (_, p, _) in
+                                         zip(outputs, rows, strict=True)]),
+                "group_index": torch.tensor([g for g, _, _ in rows]), "outputs": outputs}
+
+    def probe(self, prompts: list[dict[str, Any]]) -> Any:
+        """The fixed sequences the policy's movement is measured on: *prompts* and this
+        model's greedy answer to each, now."""
+        torch = self.torch
+        with torch.no_grad():
+            x = torch.tensor([p["input_ids"] for p in prompts])
+            for _ in range(ANSWER_TOKENS):
+                x = torch.cat([x, self.model(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        return x
+
+    def answer_logp(self, probe: Any) -> Any:
+        """The next-token log-probabilities at each answer position of *probe*."""
+        with self.torch.no_grad():
+            logits = self.model(probe).logits[:, -ANSWER_TOKENS - 1:-1].float()
+        return self.torch.log_softmax(logits, -1)
+
+    def movement(self, before: Any, probe: Any) -> tuple[float, Any]:
+        """The mean per-token KL(before || now) over *probe*'s answer positions, and
+        now's log-probabilities (the next call's *before*)."""
+        now = self.answer_logp(probe)
+        return float((before.exp() * (before - now)).sum(-1).mean()), now
+
     def save(self, path: Path) -> Path:
         self.model.save_pretrained(path, safe_serialization=True)
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
@@ -286,12 +352,19 @@ def check_versions(report: dict[str, Any], samples: list[dict[str, Any]],
 
 def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
           warm_start_steps: int, seed: int, eval_prompts: list[dict[str, Any]],
-          timeout: float, log: Any = sys.stdout) -> dict[str, Any]:
-    """Run *steps* GRPO steps through the farm; returns the report."""
+          timeout: float, warm_seed: int | None = None, train_pause: float = 0.0,
+          overlap: bool = False, extra_prompts: int = 0, log: Any = sys.stdout
+          ) -> dict[str, Any]:
+    """Run *steps* GRPO steps through the farm; returns the report. The warm start
+    draws from *warm_seed* (default: *seed*); each optimizer step is followed by
+    *train_pause* seconds (a larger model's step); with *overlap* the farm generates
+    while the trainer trains (asynchronous), else it is paused (synchronous).
+    *extra_prompts* more prompts are submitted than the steps consume (a dataset larger
+    than the run: which of them reach the trainer is the admission's choice)."""
     rollout = client.config.rollout
     report: dict[str, Any] = {"steps": [], "checkpoints": {}}
     # the start: the answer format, loaded by every replica as the first version
-    warm_loss = trainer.warm_start(warm_start_steps, seed)
+    warm_loss = trainer.warm_start(warm_start_steps, seed if warm_seed is None else warm_seed)
     version = client.version() + 1
     path = trainer.save(root / f"v{version:04d}")
     client.update_weights(str(path), version)
@@ -300,13 +373,18 @@ def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
     report["warm_start_loss"] = warm_loss
     print(f"warm start: loss {warm_loss:.3f}, v{version} loaded; greedy eval "
           f"{report['eval_before']}", file=log, flush=True)
-    client.submit(task_prompts(steps * rollout.batch_size, seed + 1, f"train-s{seed}",
-                               rollout.group_size))
+    probe = trainer.probe(eval_prompts)
+    before = trainer.answer_logp(probe)
+    report["submitted"] = client.submit(task_prompts(
+        steps * rollout.batch_size + extra_prompts, seed + 1, f"train-s{seed}",
+        rollout.group_size))
+    submitted = time.monotonic()
     samples: list[dict[str, Any]] = []
     for step in range(1, steps + 1):
         t0 = time.monotonic()
         batch = client.get_batch(timeout=timeout)
         waited = time.monotonic() - t0
+        got_s = time.monotonic() - submitted
         times: dict[str, float] = {}
         view_version = client.version()
         view = batch.training_view(view_version, rollout.max_staleness)
@@ -316,6 +394,7 @@ def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
                   times: dict[str, float] = times) -> dict[str, float]:
             t = time.monotonic()
             out = trainer.step(view)
+            time.sleep(train_pause)
             times["train_s"] = time.monotonic() - t
             return out
 
@@ -327,19 +406,24 @@ def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
             return str(saved)
 
         t1 = time.monotonic()
-        stats = client.train_step(batch, learn, weights=publish)  # pause .. load .. resume
+        # pause (unless overlapping) .. train .. load .. resume
+        stats = client.train_step(batch, learn, weights=publish, pause=not overlap)
         spent = time.monotonic() - t1
+        kl, before = trainer.movement(before, probe)
         rewards = [s.reward for s in view.samples if s.reward is not None]
         spanning = sum(len({v for v in s.versions if v >= 0}) > 1 for s in view.samples)
         row = {"step": step, "version": client.version(), "batch": batch.id,
                "groups": [g.id for g in batch.groups],
+               "group_rewards": [statistics.fmean(m.reward or 0.0 for m in g.members)
+                                 for g in batch.groups],
                "reward": statistics.fmean(rewards) if rewards else math.nan,
                "wait_s": waited, "train_s": times["train_s"], "save_s": times["save_s"],
                "update_s": spent - times["train_s"] - times["save_s"],
                "staleness": [view_version - g.version for g in batch.groups],
                "episodes": len(view.samples), "spanning": spanning,
                "produced": sum(sum(s.loss_mask) for s in view.samples),
-               "masked": sum(sum(s.stale_mask) for s in view.samples), **stats}
+               "masked": sum(sum(s.stale_mask) for s in view.samples), "kl": kl,
+               "got_s": got_s, "at_s": time.monotonic() - submitted, **stats}
         report["steps"].append(row)
         samples += [{"input_ids": s.input_ids, "loss_mask": s.loss_mask,
                      "logprobs": s.logprobs, "versions": s.versions} for s in view.samples]
@@ -354,12 +438,49 @@ def train(client: RolloutClient, trainer: Trainer, *, steps: int, root: Path,
     return report
 
 
+def train_local(trainer: TorchTrainer, group_size: int, batch_size: int, temperature: float,
+                *, steps: int, warm_start_steps: int, warm_seed: int, seed: int,
+                eval_prompts: list[dict[str, Any]], log: Any = sys.stdout) -> dict[str, Any]:
+    """The same loop without the farm: each step's groups sampled from the trainer's own
+    model in this process (on-policy, nothing stale); returns the report."""
+    report: dict[str, Any] = {"steps": [], "warm_start_loss": trainer.warm_start(
+        warm_start_steps, warm_seed), "eval_before": trainer.evaluate(eval_prompts)}
+    probe = trainer.probe(eval_prompts)
+    before = trainer.answer_logp(probe)
+    prompts = task_prompts(steps * batch_size, seed + 1, f"train-s{seed}", group_size)
+    for step in range(1, steps + 1):
+        t0 = time.monotonic()
+        t = trainer.sample(prompts[(step - 1) * batch_size:step * batch_size], group_size,
+                           temperature)
+        t1 = time.monotonic()
+        stats = trainer.step_on(t)
+        kl, before = trainer.movement(before, probe)
+        row = {"step": step, "reward": float(t["rewards"].mean()), "wait_s": t1 - t0,
+               "train_s": time.monotonic() - t1, "kl": kl, **stats}
+        report["steps"].append(row)
+        print(f"step {step}: reward {row['reward']:.3f} sample {row['wait_s']:.2f}s train "
+              f"{row['train_s']:.2f}s kl {kl:.2e}", file=log, flush=True)
+    report["eval_after"] = trainer.evaluate(eval_prompts)
+    print(f"greedy eval on {len(eval_prompts)} held-out prompts: {report['eval_before']} "
+          f"-> {report['eval_after']}", file=log, flush=True)
+    return report
+
+
 def run_options(parser: argparse.ArgumentParser) -> None:
     """The options a run of the task takes, with this trainer or TRL's."""
     parser.add_argument("--steps", type=int, default=100, help="GRPO steps (default 100)")
     parser.add_argument("--lr", type=float, default=5e-4,
                         help="Adam's step size (default 5e-4)")
-    parser.add_argument("--seed", type=int, default=0, help="the trainer's seed")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the run's seed: the training prompts (their noise and lengths) "
+                             "and, in process, the sampling generator")
+    parser.add_argument("--warm-start-seed", type=int, default=None,
+                        help="the warm start's seed (default: --seed); a study over seeds "
+                             "keeps one warm start")
+    parser.add_argument("--sampler", choices=("farm", "local"), default="farm",
+                        help="farm (default): the rollouts through the farm; local: sampled "
+                             "from the trainer's own model in this process, the farm's "
+                             "config read for the group and batch sizes and the temperature")
     parser.add_argument("--warm-start-steps", type=int, default=100,
                         help="supervised steps teaching the answer format (default 100)")
     parser.add_argument("--eval-prompts", type=int, default=64,
@@ -379,20 +500,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trainer", choices=("torch", "none"), default="torch",
                         help="torch (default), or none: the plumbing only")
     run_options(parser)
+    parser.add_argument("--train-pause", type=float, default=0.0,
+                        help="seconds added to each optimizer step (a larger model's step)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="train while the farm generates the next batch (asynchronous; "
+                             "default: the farm pauses while the trainer trains)")
+    parser.add_argument("--extra-prompts", type=int, default=0,
+                        help="submit this many prompts more than the steps consume")
     args = parser.parse_args(argv)
     if args.trainer == "torch" and args.model is None:
         parser.error("--model is needed with --trainer torch")
+    if args.sampler == "local" and (args.trainer != "torch" or args.check_versions
+                                    or args.overlap or args.train_pause or args.extra_prompts):
+        parser.error("--sampler local trains with torch, synchronously, and has no "
+                     "versions to check")
+    warm_seed = args.seed if args.warm_start_seed is None else args.warm_start_seed
+    eval_prompts = task_prompts(args.eval_prompts, 10_000 + warm_seed, "eval")
+    started = time.monotonic()
+    if args.sampler == "local":
+        config = load_config(args.config)
+        report = train_local(TorchTrainer(args.model, lr=args.lr, seed=args.seed),
+                             config.rollout.group_size, config.rollout.batch_size,
+                             config.workflow.sampling.temperature, steps=args.steps,
+                             warm_start_steps=args.warm_start_steps, warm_seed=warm_seed,
+                             seed=args.seed, eval_prompts=eval_prompts)
+        report.update(wall_s=time.monotonic() - started, admission="local", seed=args.seed)
+        if args.json:
+            args.json.write_text(json.dumps(report))
+        return 0
     client = RolloutClient.from_config(args.config, consumer=f"grpo-tiny-{args.seed}")
     root = args.checkpoints or Path(tempfile.mkdtemp(prefix="grpo-tiny-"))
     trainer: Trainer = (TorchTrainer(args.model, lr=args.lr, seed=args.seed)
                         if args.trainer == "torch" else NoTrainer())
-    started = time.monotonic()
     report = train(client, trainer, steps=args.steps, root=root,
                    warm_start_steps=args.warm_start_steps, seed=args.seed,
-                   eval_prompts=task_prompts(args.eval_prompts, 10_000 + args.seed, "eval"),
-                   timeout=args.timeout)
+                   eval_prompts=eval_prompts, timeout=args.timeout, warm_seed=warm_seed,
+                   train_pause=args.train_pause, overlap=args.overlap,
+                   extra_prompts=args.extra_prompts)
     report["wall_s"] = time.monotonic() - started
     report["admission"] = client.config.rollout.mode
+    report["seed"] = args.seed
     if args.check_versions:
         check_versions(report, report["samples"],
                        {int(v): Path(p) for v, p in report["checkpoints"].items()})

@@ -8,6 +8,9 @@ written as text (``"731 1650 402 203"``): :func:`farm_fields` turns it back into
 key's index and each member's length (the long tail, drawn from the prompt), which is
 what the farm's workflow needs. TRL's reward function scores the completion ids.
 
+``--sampler local`` draws the same rollouts from the policy in this process instead (the
+arm without the farm; the farm's config gives the sizes and the temperature).
+
 Run it where TRL is (``pip install 'queue-rollout[trl]'``; here SGLang's venv) against a
 farm whose workflow is ``grpo_tiny:KeyAnswer`` (``PYTHONPATH=examples``), with
 ``rollout.batch_size`` groups of ``rollout.group_size`` per TRL step::
@@ -42,6 +45,7 @@ from grpo_tiny import (
 )
 
 from queue_rollout import RolloutClient
+from queue_rollout.config import load_config
 from queue_rollout.integrations.trl import FarmRollout
 
 
@@ -55,6 +59,39 @@ def farm_fields(group_size: int) -> Any:
                             for _ in range(group_size)]}
 
     return fields
+
+
+class LocalRollout:
+    """TRL's rollouts sampled from the policy in this process, as the farm would return
+    them (the arm without the farm): each generation's B groups of G, on-policy."""
+
+    def __init__(self, policy: TorchTrainer, group_size: int, temperature: float) -> None:
+        self.policy, self.group_size, self.temperature = policy, group_size, temperature
+        self.fields = farm_fields(group_size)
+        self.steps: list[dict[str, Any]] = []
+
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
+        g, n = self.group_size, len(self.steps) + 1
+        groups = [self.fields(p, trainer) for p in prompts[::g]]
+        started = time.monotonic()
+        t = self.policy.sample(groups, g, self.temperature)
+        width = len(groups[0]["input_ids"])
+        out: dict[str, list[Any]] = {k: [] for k in (
+            "prompt_ids", "completion_ids", "logprobs", "env_mask", "farm_group",
+            "farm_reward", "farm_versions")}
+        for i, ids in enumerate(t["outputs"]):
+            out["prompt_ids"].append(groups[i // g]["input_ids"])
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(t["logprobs"][i, width:width + len(ids)].tolist())
+            out["env_mask"].append([1] * len(ids))
+            out["farm_group"].append(f"local-{n}-{i // g}/{i % g}")
+            out["farm_reward"].append(float(t["rewards"][i]))
+            out["farm_versions"].append([0] * len(ids))
+        self.steps.append({"generation": n, "groups": sorted({r.split("/")[0] for r in
+                                                             out["farm_group"]}),
+                           "wait_s": time.monotonic() - started, "save_s": 0.0,
+                           "update_s": 0.0, "version": None})
+        return out
 
 
 class KeyAnswerReward:
@@ -89,31 +126,43 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if args.sampler == "local" and args.check_versions:
+        parser.error("--sampler local has no versions to check")
     logging.basicConfig(level=logging.WARNING)
     started = time.monotonic()
-    client = RolloutClient.from_config(args.config, consumer=f"trl-grpo-tiny-{args.seed}")
-    rollout, sampling = client.config.rollout, client.config.workflow.sampling
+    config_file = load_config(args.config)
+    rollout, sampling = config_file.rollout, config_file.workflow.sampling
     root = args.checkpoints or Path(tempfile.mkdtemp(prefix="trl-grpo-tiny-"))
     policy = TorchTrainer(args.model, lr=args.lr, seed=args.seed)
-    warm_loss = policy.warm_start(args.warm_start_steps, args.seed)
-    version = client.version() + 1
-    checkpoints = {version: policy.save(root / f"v{version:06d}")}
-    client.update_weights(str(checkpoints[version]), version)
-    eval_prompts = task_prompts(args.eval_prompts, 10_000 + args.seed, "eval")
-    report: dict[str, Any] = {"warm_start_loss": warm_loss, "start_version": version,
+    warm_seed = args.seed if args.warm_start_seed is None else args.warm_start_seed
+    warm_loss = policy.warm_start(args.warm_start_steps, warm_seed)
+    eval_prompts = task_prompts(args.eval_prompts, 10_000 + warm_seed, "eval")
+    probe = policy.probe(eval_prompts)
+    movement = [policy.answer_logp(probe)]  # the last step's, then each step's KL
+    report: dict[str, Any] = {"warm_start_loss": warm_loss, "seed": args.seed,
                               "eval_before": policy.evaluate(eval_prompts),
-                              "admission": rollout.mode}
-    print(f"warm start: loss {warm_loss:.3f}, v{version} loaded; greedy eval "
-          f"{report['eval_before']}", flush=True)
+                              "admission": rollout.mode if args.sampler == "farm" else "local"}
+    checkpoints: dict[int, Path] = {}
+    source: FarmRollout | LocalRollout
+    if args.sampler == "farm":
+        client = RolloutClient.from_config(config_file, consumer=f"trl-grpo-tiny-{args.seed}")
+        version = client.version() + 1
+        checkpoints[version] = policy.save(root / f"v{version:06d}")
+        client.update_weights(str(checkpoints[version]), version)
+        report["start_version"] = version
+        source = FarmRollout(client, root, prompt_fields=farm_fields(rollout.group_size),
+                             timeout=args.timeout)
+    else:
+        source = LocalRollout(policy, rollout.group_size, sampling.temperature)
+    print(f"warm start: loss {warm_loss:.3f}; greedy eval {report['eval_before']}; "
+          f"rollouts: {args.sampler}", flush=True)
 
     rows = [{"prompt": " ".join(map(str, p["input_ids"])), "target": p["target"]}
             for p in task_prompts(args.steps * rollout.batch_size, args.seed + 1, "train")]
-    farm = FarmRollout(client, root, prompt_fields=farm_fields(rollout.group_size),
-                       timeout=args.timeout)
     samples: list[dict[str, Any]] = []  # what TRL trained on, for --check-versions
 
     def rollout_func(prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
-        out = farm(prompts, trainer)
+        out = source(prompts, trainer)
         if args.check_versions:
             samples.extend(
                 {"input_ids": p + c, "loss_mask": [0] * len(p) + [1] * len(c),
@@ -132,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             times[-1]["step_s"] = time.monotonic() - times[-1]["begin"]
+            kl, movement[0] = policy.movement(movement[0], probe)
+            times[-1]["kl"] = kl
 
     # one farm batch per TRL step; trained as grpo_tiny.py trains (a constant step size,
     # no gradient clipping, no KL term, the prompts in order: the keys in turn)
@@ -148,16 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     trainer = GRPOTrainer(model=policy.model, reward_funcs=reward, args=config,
                           processing_class=AutoTokenizer.from_pretrained(args.model),
                           train_dataset=Dataset.from_list(rows), rollout_func=rollout_func,
-                          callbacks=[StepTimes(), farm.callback()])
+                          callbacks=[StepTimes(), *([source.callback()]
+                                                    if isinstance(source, FarmRollout) else [])])
     trainer.train()
 
     report["eval_after"] = policy.evaluate(eval_prompts)
     logged = [h for h in trainer.state.log_history if "reward" in h]
     rewards = [h["reward"] for h in logged]
-    steps = [s for s in farm.steps if "groups" in s]
+    steps = [s for s in source.steps if "groups" in s]
     for s, t, h, rows in zip(steps, times, logged, reward.rows, strict=True):
         s.update(step=s["generation"], reward=h["reward"], loss=h.get("loss"),
-                 grad_norm=h.get("grad_norm"),
+                 grad_norm=h.get("grad_norm"), kl=t["kl"],
                  step_s=t["step_s"], train_s=t["step_s"] - s["wait_s"], rows=rows)
     report.update(steps=steps, wall_s=time.monotonic() - started,
                   reward_disagreements=reward.disagreements,

@@ -1,0 +1,236 @@
+"""The learning study's tables (markdown) and plots from its JSON Lines
+(``learning_study.py``'s ``--out``).
+
+Per run: the take-off step (the first whose sampled reward, averaged over 5 steps,
+reaches 0.5; censored at the run's last step), the final greedy evaluation, the
+policy's mean movement per step; with step times (``at_s``), the wall time to a
+smoothed reward of 0.9. Per arm: the share that took off with its exact interval, the
+Kaplan-Meier median take-off step, the mean evaluation. Between the two arms of each
+pair: the log-rank test on take-off, and the smallest differences the design could
+detect (a share, at the two arms' pooled share; a hazard ratio, at the take-offs seen).
+
+Run it with this package installed (it reads the task from ``grpo_tiny.py``)::
+
+    python examples/learning_report.py runs.jsonl --pairs trl-farm:trl-local \\
+        --plots DIR        # the plots need matplotlib
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_tiny import LONG_TOKENS, task_prompts
+from learning_stats import (
+    clopper_pearson,
+    detectable_hazard_ratio,
+    detectable_share_difference,
+    km_median,
+    logrank,
+    take_off,
+)
+
+REWARD_GOAL = 0.9  # the time-to-reward threshold of the smoothed sampled reward
+
+
+def time_to(run: dict[str, Any], threshold: float = REWARD_GOAL) -> float | None:
+    """Seconds from the run's first submission to the step whose smoothed reward
+    reaches *threshold*; None where none does (or the run has no step times)."""
+    step = take_off(run["rewards"], threshold)
+    return None if step is None or not run.get("at_s") else run["at_s"][step - 1]
+
+
+def arm_rows(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's figures over its runs."""
+    horizon = max(r["steps"] for r in runs)
+    times = [r["take_off"] for r in runs]
+    took = sum(t is not None for t in times)
+    low, high = clopper_pearson(took, len(runs))
+    evals = [r["eval_after"] for r in runs]
+    reached = [time_to(r) for r in runs]
+    return {"runs": len(runs), "took_off": took, "share": took / len(runs),
+            "interval": (low, high), "km_median": km_median(times, horizon),
+            "eval_mean": statistics.fmean(evals),
+            "eval_se": statistics.stdev(evals) / math.sqrt(len(evals)) if len(evals) > 1
+            else math.nan,
+            "kl_mean": statistics.fmean(statistics.fmean(r["kl"]) for r in runs),
+            "reached": sum(t is not None for t in reached),
+            "time_median": km_median(reached, math.inf) if any(r.get("at_s") for r in runs)
+            else None,
+            "wall_mean": statistics.fmean(r["wall_s"] for r in runs)}
+
+
+def pair_rows(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Two arms compared on take-off."""
+    horizon = max(r["steps"] for r in [*a, *b])
+    ta, tb = [r["take_off"] for r in a], [r["take_off"] for r in b]
+    chi2, p = logrank(ta, tb, horizon)
+    pooled = (sum(t is not None for t in ta) + sum(t is not None for t in tb)) / (len(a) + len(b))
+    events = sum(t is not None for t in [*ta, *tb])
+    return {"chi2": chi2, "p": p,
+            "detectable_share": detectable_share_difference(len(a), len(b), pooled),
+            "detectable_hazard_ratio": detectable_hazard_ratio(events)}
+
+
+def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Kendall's tau-a of two rankings (ties count as neither)."""
+    n = len(xs)
+    if n < 2:
+        return math.nan
+    pairs = [(xs[i] - xs[j]) * (ys[i] - ys[j]) for i in range(n) for j in range(i + 1, n)]
+    return (sum(d > 0 for d in pairs) - sum(d < 0 for d in pairs)) / len(pairs)
+
+
+def order_rows(run: dict[str, Any], group_size: int = 16) -> dict[str, Any] | None:
+    """Which prompts one run's trainer got, in what order, beside what was submitted:
+    the long members per group (consumed and submitted), the consumed groups' reward,
+    the rank correlation of submission and consumption order, and the delay from
+    submission to delivery of groups with and without a long member."""
+    if not run.get("submitted") or not run.get("got_s"):
+        return None
+    prompts = task_prompts(run["submitted"], run["seed"] + 1, f"train-s{run['seed']}",
+                           group_size)
+    longs = {p["id"]: sum(n == LONG_TOKENS for n in p["lengths"]) for p in prompts}
+    index = {p["id"]: i for i, p in enumerate(prompts)}
+    consumed = [(g, k) for k, ids in enumerate(run["groups"]) for g in ids]
+    rewards = [r for rs in run["group_rewards"] for r in rs]
+    delays = {g: run["got_s"][k] for g, k in consumed}
+    first = set(list(index)[:len(consumed)])
+    with_long = [delays[g] for g, _ in consumed if longs[g]]
+    without = [delays[g] for g, _ in consumed if not longs[g]]
+    return {"consumed": len(consumed), "submitted": run["submitted"],
+            "from_first": sum(g in first for g, _ in consumed),
+            "long_consumed": statistics.fmean(longs[g] for g, _ in consumed),
+            "long_submitted": statistics.fmean(longs.values()),
+            "reward": statistics.fmean(rewards),
+            "tau": kendall_tau([index[g] for g, _ in consumed], list(range(len(consumed)))),
+            "delay_long": statistics.median(with_long) if with_long else math.nan,
+            "delay_short": statistics.median(without) if without else math.nan}
+
+
+def order_report(runs: Sequence[dict[str, Any]]) -> str:
+    """Per arm, the mean over its runs of :func:`order_rows`."""
+    lines = ["| arm | runs | consumed of submitted | consumed from the first that many "
+             "submitted | long members per group, consumed / submitted | consumed groups' "
+             "reward | rank correlation, submission and consumption | median delay, "
+             "groups with / without a long member (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        row = order_rows(r)
+        if row is not None:
+            arms.setdefault(r["arm"], []).append(row)
+    for arm, rows in sorted(arms.items()):
+        def mean(key: str, rows: list[dict[str, Any]] = rows) -> float:
+            return statistics.fmean(x[key] for x in rows)
+        lines.append(f"| {arm} | {len(rows)} | {mean('consumed'):.0f} of "
+                     f"{mean('submitted'):.0f} | {mean('from_first'):.1f} | "
+                     f"{mean('long_consumed'):.2f} / {mean('long_submitted'):.2f} | "
+                     f"{mean('reward'):.3f} | {mean('tau'):.3f} | {mean('delay_long'):.1f} / "
+                     f"{mean('delay_short'):.1f} |")
+    return "\n".join(lines) if arms else ""
+
+
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else format(value, spec)
+
+
+def report(runs: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
+        by_arm.setdefault(r["arm"], []).append(r)
+    lines = ["| arm | seed | take-off step | greedy eval, after | mean KL per step | "
+             "time to reward 0.9 (s) | wall (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for arm, rs in by_arm.items():
+        lines += [f"| {arm} | {r['seed']} | {fmt(r['take_off'], 'd')} | "
+                  f"{r['eval_after']:.3f} | {statistics.fmean(r['kl']):.2e} | "
+                  f"{fmt(time_to(r), '.0f')} | {r['wall_s']:.0f} |" for r in rs]
+    lines += ["", "| arm | runs | took off | share (95% exact) | Kaplan-Meier median take-off | "
+              "greedy eval, mean (SE) | mean KL per step | reached 0.9 | median time to 0.9 (s) |",
+              "|---|---:|---:|---|---:|---|---:|---:|---:|"]
+    for arm, rs in by_arm.items():
+        a = arm_rows(rs)
+        lines.append(f"| {arm} | {a['runs']} | {a['took_off']} | {a['share']:.2f} "
+                     f"({a['interval'][0]:.2f}-{a['interval'][1]:.2f}) | "
+                     f"{'not reached' if a['km_median'] is None else a['km_median']} | "
+                     f"{a['eval_mean']:.3f} ({fmt(a['eval_se'])}) | {a['kl_mean']:.2e} | "
+                     f"{a['reached']} | {fmt(a['time_median'], '.0f')} |")
+    shown = [(x, y) for x, y in pairs if x in by_arm and y in by_arm]
+    if shown:
+        lines += ["", "| arms | log-rank chi-squared | p | smallest share difference "
+                  "detectable (80%, 5%) | smallest hazard ratio detectable |",
+                  "|---|---:|---:|---:|---:|"]
+        for x, y in shown:
+            c = pair_rows(by_arm[x], by_arm[y])
+            lines.append(f"| {x} against {y} | {c['chi2']:.2f} | {c['p']:.3f} | "
+                         f"{c['detectable_share']:.2f} | {c['detectable_hazard_ratio']:.1f} |")
+    return "\n".join(lines)
+
+
+def plots(runs: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Sampled reward against step and, where the runs have step times, against wall
+    time: one panel per arm, each seed a thin line, the arm's mean a thick one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = sorted({r["arm"] for r in runs})
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for x_axis in ("step", "wall"):
+        if x_axis == "wall" and not any(r.get("at_s") for r in runs):
+            continue
+        fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), sharey=True,
+                                 squeeze=False)
+        for ax, arm in zip(axes[0], arms, strict=True):
+            rs = [r for r in runs if r["arm"] == arm]
+            for r in rs:
+                xs = r["at_s"] if x_axis == "wall" else range(1, len(r["rewards"]) + 1)
+                ax.plot(list(xs), r["rewards"], lw=0.6, alpha=0.5)
+            if x_axis == "step":
+                n = min(len(r["rewards"]) for r in rs)
+                ax.plot(range(1, n + 1), [statistics.fmean(r["rewards"][i] for r in rs)
+                                          for i in range(n)], lw=2.2, color="black")
+            ax.set_title(f"{arm} ({len(rs)} seeds)")
+            ax.set_xlabel("step" if x_axis == "step" else "seconds")
+        axes[0][0].set_ylabel("sampled reward")
+        fig.tight_layout()
+        path = out / f"reward-{x_axis}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, help="the study's JSON Lines")
+    parser.add_argument("--pairs", default="trl-farm:trl-local,grpo-farm:grpo-local",
+                        help="arms compared, a:b,c:d (default: the farm against in process)")
+    parser.add_argument("--arms", help="only these arms, comma-separated")
+    parser.add_argument("--plots", type=Path, help="write the plots here (needs matplotlib)")
+    args = parser.parse_args(argv)
+    runs = [json.loads(line) for line in args.runs.read_text().splitlines() if line.strip()]
+    if args.arms:
+        runs = [r for r in runs if r["arm"] in args.arms.split(",")]
+    if not runs:
+        parser.error(f"no runs in {args.runs}")
+    pairs = [(a, b) for a, _, b in (p.partition(":") for p in args.pairs.split(",")) if b]
+    print(report(runs, pairs))
+    if order := order_report(runs):
+        print("\n" + order)
+    if args.plots:
+        for path in plots(runs, args.plots):
+            print(f"plot: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
