@@ -28,7 +28,7 @@ BENCH_PROFILES = {
     "all": "30 min (every profile above)", "sim-replica": "1 min",
     "redis-load": "2 min", "real-sglang": "14 min (needs SGLang and --model)",
     "real-sglang-kv": "10 min (needs SGLang and --model)",
-    "real-vllm": "15 min (needs vLLM and an untied --model)",
+    "real-vllm": "6 min (needs vLLM and an untied --model)",
     "peer-areal": "16 min (needs AReaL, SGLang and --model; --small: 1.5 min, AReaL only)",
 }
 

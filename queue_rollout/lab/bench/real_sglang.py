@@ -546,8 +546,9 @@ def run_variants(bench: RealBench, profile: Profile, variants: tuple[Variant, Va
             bench.progress(f"real-{bench.kind} {profile.name} {v.name}: all work in "
                            f"{run.all_work_s:.1f}s, {run.engine_counters.get('retractions')} "
                            "retractions")
+    # a pause that aborts sends a call cut short again as a further request
     problems = audit(prompts, [run for name_runs in runs.values() for run in name_runs],
-                     request_logs=False)
+                     request_logs=False, resumed=bench.config.engine.pause_mode == "abort")
     if problems:
         raise InvariantViolation(f"bench real-{bench.kind} {profile.name}: audit failed: "
                                  + "; ".join(problems[:10]))
