@@ -36,12 +36,14 @@ from typing import Any, Protocol
 
 import redis
 from real_engine.server import RealServer
+from real_engine.vllm_server import VLLMServer
 from rq import Worker
 from rq.serializers import JSONSerializer
 
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.engines.base import EngineError
 from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.engines.vllm import VLLMClient
 from queue_rollout.errors import BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
@@ -255,6 +257,23 @@ def model_info(url: str) -> dict[str, Any]:
     return info
 
 
+def weight_version(url: str) -> str:
+    """A vLLM replica's weight version label (its ``/weight_info``, a dev route)."""
+    with urllib.request.urlopen(f"{url}/weight_info", timeout=10) as answer:
+        return str(json.loads(answer.read())["weight_version"])
+
+
+@contextlib.contextmanager
+def restored(servers: list[VLLMServer], start: Path) -> Iterator[None]:
+    """Around a run that updates the weights of vLLM *servers*: after it, each serves
+    the weights in *start* again under the label a vLLM starts with."""
+    try:
+        yield
+    finally:
+        for server in servers:
+            VLLMClient(server.url).update_weights_from_disk(str(start), "default")
+
+
 def serves(url: str, timeout: float = 5.0) -> bool:
     """A 2-token generation on the replica comes back within *timeout* (a paused
     replica holds it)."""
@@ -312,6 +331,10 @@ def admission(mode: str, group_size: int, groups_at_once: int) -> dict[str, int]
     return {"max_concurrent_samples": groups_at_once * group_size - 1}
 
 
+#: The AOF policy of a farm whose test kills no Redis: written every second, not fsynced
+#: on every write (beside real servers on a loaded CI machine, a client's read of a farm
+#: whose Redis fsyncs each write once waited past redis-py's 5 s timeout).
+FSYNC = "everysec"
 #: Episode slots per replica in a fault farm.
 SLOTS = 8
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultfarm import UpFarm, causes, consume, doctor, generating_processes, settled
+from faultfarm import FSYNC, UpFarm, causes, consume, doctor, generating_processes, settled
 from real_engine.vllm_server import VLLMServer, untied_model
 
 from queue_rollout import RolloutClient
@@ -24,10 +24,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 G = 4
 LENGTHS = (40, 120, 300, 600)  # rotated by group: both replicas get long and short ones
-# No test here kills Redis, so its AOF is written every second, not fsynced on every
-# write: beside three vLLM servers on a loaded CI machine, a client's read of a farm
-# whose Redis fsyncs each write once waited past redis-py's 5 s timeout.
-FSYNC = "everysec"
 
 
 @pytest.mark.parametrize("mode", ["group", "sample"])
