@@ -1,10 +1,9 @@
 """TRL's GRPOTrainer learns through the farm on real replicas, SGLang's (``pytest -m
 sglang``) and vLLM's (``pytest -m vllm``): ``examples/trl_grpo_tiny.py`` runs in the venv
 that has TRL (SGLang's) against ``queue-rollout up`` on two replicas; TRL computes the
-rewards and the loss,
-every step's weights are loaded by both replicas before the next generation (checked by
-recomputing the rollout's logprobs under each checkpoint); the greedy evaluation on
-held-out prompts before and after is printed.
+rewards and the loss, every step's weights are loaded by both replicas before the next
+generation (checked by recomputing the rollout's logprobs under each checkpoint); the
+greedy evaluation on held-out prompts before and after is printed.
 
 ``QUEUE_ROLLOUT_TRL_MODES`` names the admission modes to run (``sample`` by default: the
 tier's run; ``sample,group`` for both), ``QUEUE_ROLLOUT_TRL_STEPS`` the steps of each run
