@@ -169,6 +169,14 @@ class HttpEngine:
             raise EngineError(f"{self.url}{path}: HTTP {status} {message_of(raw)}", status)
         return json.loads(raw) if raw.strip() else None
 
+    def _answers(self, path: str, timeout: float) -> bool:
+        """``GET path`` answers 200 within *timeout*."""
+        try:
+            self._control("GET", path, timeout=timeout)
+        except EngineError:
+            return False
+        return True
+
     def _send_generate(self, path: str, body: dict[str, Any], rid: str, timeout: float
                        ) -> tuple[int, bytes]:
         """POST a generation; GenerateUncertain on a timeout or a lost connection (the

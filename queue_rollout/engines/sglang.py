@@ -92,20 +92,12 @@ class SGLangClient(HttpEngine):
     def healthy(self, timeout: float = 5.0) -> bool:
         """``GET /health``: the replica serves generations. On SGLang it runs a one-token
         generation and takes about a second: for readiness, not for a periodic watch."""
-        try:
-            self._control("GET", "/health", timeout=timeout)
-        except EngineError:
-            return False
-        return True
+        return self._answers("/health", timeout)
 
     def alive(self, timeout: float = 2.0) -> bool:
         """``GET /model_info``: the replica's server answers, in milliseconds and
         without a generation (SGLang's server goes down whole when its scheduler dies)."""
-        try:
-            self._control("GET", "/model_info", timeout=timeout)
-        except EngineError:
-            return False
-        return True
+        return self._answers("/model_info", timeout)
 
     def server_info(self) -> dict[str, Any]:
         info = self._control("GET", "/server_info")

@@ -176,11 +176,7 @@ class VLLMClient(HttpEngine):
 
     def alive(self, timeout: float = 2.0) -> bool:
         """``GET /version``: the server answers, without a generation."""
-        try:
-            self._control("GET", "/version", timeout=timeout)
-        except EngineError:
-            return False
-        return True
+        return self._answers("/version", timeout)
 
     def server_info(self) -> dict[str, Any]:
         """What the workers read of the server: ``boot_id``, its ``instance_id`` (new at
