@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -81,7 +82,9 @@ class LeaseKeeper:
     """One thread per worker process renews the leases of all its running attempts
     together, every lease / 3, in one ledger call (not one per episode). An attempt the
     ledger no longer knows as this worker's (superseded, lost) is aborted on the
-    replica; after the shutdown grace, every attempt still running is."""
+    replica; after the shutdown grace, every attempt still running is. Aborts go out on
+    a second thread: a slow replica delays no renewal, and no episode waits on the
+    replica to end or to record its request."""
 
     def __init__(self, ledger: Ledger, client: EngineClient, worker_id: str,
                  lease_s: float) -> None:
@@ -93,6 +96,7 @@ class LeaseKeeper:
         self._live: set[_Live] = set()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._aborts: queue.SimpleQueue[_Live] = queue.SimpleQueue()
 
     def stop_at(self, deadline: float) -> None:
         """Shutdown: at *deadline* (the end of the grace) every attempt still running is
@@ -104,9 +108,10 @@ class LeaseKeeper:
     def add(self, live: _Live) -> None:
         with self._lock:
             self._live.add(live)
-            if self._thread is None:  # one thread for the process's life
+            if self._thread is None:  # one of each for the process's life
                 self._thread = threading.Thread(target=self._loop, daemon=True, name="lease")
                 self._thread.start()
+                threading.Thread(target=self._abort_loop, daemon=True, name="abort").start()
         self._wake.set()
 
     def record(self, live: _Live) -> None:
@@ -119,8 +124,9 @@ class LeaseKeeper:
             self._renew([live])
 
     def remove(self, live: _Live) -> None:
-        """The attempt ended: no renewal of it starts after this returns (one in
-        progress is waited for, so the episode never reports mid-renewal)."""
+        """The attempt ends: no renewal of it starts after this returns (one in
+        progress is waited for). Called before the episode reports, so no renewal
+        follows its report."""
         with self._lock:
             live.done.set()
             self._live.discard(live)
@@ -140,7 +146,7 @@ class LeaseKeeper:
             if sweep:  # the grace is over: stop every generation now
                 log.info("shutdown grace over: aborting %d running attempts", len(sweep))
                 for live in sweep:
-                    self._abort_quietly(live)
+                    self._aborts.put(live)
                 continue
             if delay is None or delay > 0:
                 self._wake.wait(delay)
@@ -170,15 +176,18 @@ class LeaseKeeper:
                             answer.reason)
                 live.superseded.set()
                 live.done.set()  # nothing more to renew
-                self._abort_quietly(live)
+                self._aborts.put(live)
             elif stopping:
-                self._abort_quietly(live)
+                self._aborts.put(live)
 
-    def _abort_quietly(self, live: _Live) -> None:
-        try:
-            self.client.abort(live.aid)  # SGLang matches by prefix: every turn and piece
-        except EngineError as exc:
-            log.warning("attempt %s: abort failed: %s", live.aid, exc)
+    def _abort_loop(self) -> None:
+        """Send the aborts the renewals asked for, one at a time, holding no lock."""
+        while True:
+            live = self._aborts.get()
+            try:
+                self.client.abort(live.aid)  # SGLang matches by prefix: every turn and piece
+            except EngineError as exc:
+                log.warning("attempt %s: abort failed: %s", live.aid, exc)
 
 
 class AttemptRunner:
@@ -274,14 +283,14 @@ class AttemptRunner:
         except EngineError as exc:
             log.warning("attempt %s: replica refused: %s", aid, exc)
             self.replica_failed = True
-            return self._retry(aid, "generate_error")
+            return self._retry(live, "generate_error")
         except EpisodeFailed as exc:
-            return self._report(aid, ctx, None, outcome="failed", error=str(exc))
+            return self._report(live, ctx, None, outcome="failed", error=str(exc))
         except Exception as exc:  # a workflow plugin's bug fails the episode, not the worker
             log.exception("attempt %s: workflow raised", aid)
-            return self._report(aid, ctx, None, outcome="failed",
+            return self._report(live, ctx, None, outcome="failed",
                                 error=f"workflow raised {type(exc).__name__}: {exc}")
-        return self._report(aid, ctx, reward, outcome="finished")
+        return self._report(live, ctx, reward, outcome="finished")
 
     def _generate(self, live: _Live, turn: int, input_ids: list[int] | None,
                   text: str | None, params: dict[str, Any]
@@ -374,9 +383,10 @@ class AttemptRunner:
                 self.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _report(self, aid: str, ctx: EpisodeContext, reward: float | None, *,
+    def _report(self, live: _Live, ctx: EpisodeContext, reward: float | None, *,
                 outcome: Literal["finished", "failed"], error: str = "") -> str:
-        member = ctx.member
+        aid, member = live.aid, ctx.member
+        self.lease.remove(live)  # no renewal after the result: it would find it ended
         result = EpisodeResult(
             member=member, output_ids=ctx.output_ids, logprobs=ctx.logprobs,
             version_runs=ctx.version_runs, finish_reason=ctx.finish_reason or outcome,
@@ -425,7 +435,7 @@ class AttemptRunner:
         if not stopped:
             log.warning("attempt %s: still in flight on the replica after abort", aid)
             return "doubtful"
-        return self._retry(aid, cause)
+        return self._retry(live, cause)
 
     def _hand_back(self, live: _Live, cause: str) -> str:
         try:
@@ -438,9 +448,11 @@ class AttemptRunner:
             self._until_answered(f"doubt {live.aid}",
                                  lambda: self.ledger.mark_doubtful(live.aid, cause))
             return "doubtful"
-        return self._retry(live.aid, cause)
+        return self._retry(live, cause)
 
-    def _retry(self, aid: str, cause: str) -> str:
+    def _retry(self, live: _Live, cause: str) -> str:
+        aid = live.aid
+        self.lease.remove(live)
         answer = self._until_answered(
             f"retry {aid}", lambda: self.ledger.retry(aid, cause=cause, resolution="stopped"))
         log.info("attempt %s: stopped (%s): %s %s", aid, cause, answer.status,

@@ -214,6 +214,52 @@ def test_a_superseded_attempt_is_aborted_and_reports_nothing(r, slow, clock):
     assert ledger.result("p", 0) is None
 
 
+class StuckAbort(SGLangClient):
+    """A replica whose abort does not answer until ``release`` is set."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, timeout=30)
+        self.called, self.release = threading.Event(), threading.Event()
+
+    def abort(self, rid: str) -> None:
+        self.called.set()
+        self.release.wait(30)
+        super().abort(rid)
+
+
+def test_an_abort_the_replica_is_slow_to_answer_holds_up_no_other_episode(r, slow):
+    """The lease thread aborts a superseded attempt on a replica that does not answer:
+    meanwhile another episode of the same process starts, renews, finishes and returns
+    (it waits on no lock the abort holds), and the superseded one ends once it does."""
+    config = make_config(timeouts={"lease": 1})
+    ledger, [stale, other] = setup(r, config, [
+        {"id": "p", "prompt": "x", "member_lengths": [5000, 1]},
+        {"id": "q", "prompt": "y", "member_lengths": [150, 150]}])
+    client = StuckAbort(slow.url)
+    first = AttemptRunner(ledger=ledger, config=config, client=client, worker_id="w0",
+                          boot_id="boot0", workflow=load_workflow(config))
+    second = AttemptRunner(ledger=ledger, config=config, client=client, worker_id="w0",
+                           boot_id="boot0", workflow=load_workflow(config), lease=first.lease)
+    aid = stale.attempt_ids[0]
+    t, out = run_in_background(first, aid)
+    wait_for(lambda: ledger.attempt(aid).state == "running", 5, "the attempt to start")
+    ledger.mark_doubtful(aid, "lease_expired")
+    assert ledger.retry(aid, cause="doubt_timeout", resolution="lost").status == "retried"
+    try:
+        assert client.called.wait(5), "the lease thread never aborted the superseded attempt"
+        other_aid = other.attempt_ids[0]
+        t2, out2 = run_in_background(second, other_aid)
+        t2.join(10)  # 150 tokens at 100 tokens/s: renewed several times on the way
+        assert out2.get("v") == "finished", "an episode waited on the stuck abort"
+        assert ledger.result("q", 0) is not None
+        assert not client.release.is_set()  # it all happened while the abort hung
+    finally:
+        client.release.set()
+    t.join(10)
+    assert out["v"] == "superseded"
+    assert ledger.counters().get("ignored", 0) == 1  # the stale heartbeat, nothing after
+
+
 def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow):
     config = make_config(engine={"pause_mode": "abort"})
     ledger, [adm] = setup(r, config, [{"id": "p", "prompt": "x", "member_lengths": [300, 1]}])
