@@ -20,10 +20,11 @@ makes well under one Redis call a second.
 It watches its replica every ``health_s`` through ``/model_info``, which answers
 without a generation (SGLang's ``/health`` generates a token and takes about a second).
 A failure is logged once and recorded (``replica_up`` in the worker's record); a replica
-that reports its boot id (the simulated one does; SGLang does not, and ``queue-rollout
-node`` restarts the worker with every replica start instead) and comes back under a new
-one gets new episode processes bound to the new boot, and its old attempts are settled
-at once (``replica_restart``) instead of at the next periodic round.
+that reports its boot id (the simulated one does, and vLLM its instance id; SGLang does
+not, and ``queue-rollout node`` restarts the worker with every replica start instead)
+and comes back under a new one gets new episode processes bound to the new boot, and its
+old attempts are settled at once (``replica_restart``) instead of at the next periodic
+round. The id a replica reports is the worker's boot id, whatever ``--boot-id`` gave.
 
 With ``engine.adaptive_slots`` it reads the replica's ``/metrics`` every
 ``engine.adaptive_interval_s`` and sets how many of its episode slots take new jobs
@@ -109,7 +110,7 @@ class Supervisor:
         self._weights_epoch = 0  # the last weight update applied (0: none yet)
         self._last_warning, self._last_warning_at = "", 0.0
         self._replica_up = True
-        self._reports_boot = False  # the replica reports a boot id (sim); SGLang does not
+        self._reports_boot = False  # the replica reports a boot id (sim, vLLM); SGLang not
         e = self.config.engine
         #: adaptive concurrency: the controller and the file the episode processes read
         self.adaptive = (AdaptiveLimit(e, self.client, self.worker_id)
@@ -146,10 +147,16 @@ class Supervisor:
         self.waiting_for = ""
         reported = str(self.client.server_info().get("boot_id") or "")
         self._reports_boot = bool(reported)
-        given = bool(self.boot_id)
-        if not self.boot_id:
+        given = self.boot_id
+        if reported and reported != given:
+            # the replica's own word wins: the resolver and the watch compare what it
+            # reports now with what the attempts recorded (a vLLM server names its own)
+            if given:
+                log.info("worker %s: the replica reports boot id %s: the one given (%s) "
+                         "is set aside", self.worker_id, reported, given)
             self.boot_id = reported
-        log.info("worker %s: %s", self.worker_id, self.confirmation(given))
+        log.info("worker %s: %s", self.worker_id,
+                 self.confirmation(bool(given) and given == self.boot_id))
         return True
 
     def _pause(self, seconds: float) -> None:
@@ -348,7 +355,7 @@ class Supervisor:
             self._last_warning, self._last_warning_at = message, now
 
     def _current_boot(self) -> str:
-        """The replica's boot id now (sim reports it; SGLang keeps the one given)."""
+        """The replica's boot id now (sim and vLLM report it; SGLang keeps the one given)."""
         try:
             return str(self.client.server_info().get("boot_id") or self.boot_id)
         except EngineError:

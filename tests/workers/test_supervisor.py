@@ -26,6 +26,7 @@ from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.registry import Ack, Registry
 from queue_rollout.procs import cli_exe
+from queue_rollout.workers.resolver import resolve_doubt
 from queue_rollout.workers.rq_worker import SPEC_ENV
 from queue_rollout.workers.supervisor import Supervisor
 from testkit import Generating, greedy, metric_sum, running, wait_for, write_farm
@@ -75,6 +76,31 @@ def spec_env_fields(env: dict[str, str]) -> tuple[int, int]:
     """(first slot, threads) of an episode process, from the environment it is given."""
     spec = json.loads(env[SPEC_ENV])
     return spec["first_slot"], spec["threads"]
+
+
+def test_a_boot_id_the_replica_reports_wins_over_the_one_given(r, redis_url):
+    """A launcher's ``--boot-id`` and a replica that names its own start (a vLLM server's
+    instance id): the worker takes the replica's, so its watch sees no restart and the
+    resolver settles no doubtful attempt of its own boot as ``replica_restart``."""
+    config = msgspec.convert({"farm": {"name": "boots", "redis_url": redis_url},
+                              "rollout": {"group_size": 1, "batch_size": 1}}, Config)
+    with ThreadedSimEngine(slots=2, step_ms=0.5) as engine:
+        reported = str(SGLangClient(engine.url).server_info()["boot_id"])
+        sup = Supervisor(config, gpu=0, engine_url=engine.url, boot_id="launcher-id")
+        assert sup.wait_for_replica(timeout=10)
+        assert sup.boot_id == reported != "launcher-id"
+        assert "reported" in sup.confirmation(given=False)
+        registry = Registry(r, sup.keys, config.timeouts.lease)
+        assert [sup._watch_replica(registry) for _ in range(3)] == [False] * 3
+        assert sup.boot_id == reported
+        ledger = Ledger.from_config(r, config)
+        ledger.submit([("p", b'{"id": "p"}')])
+        [aid] = ledger.admit().attempt_ids
+        ledger.start(aid, sup.worker_id, engine.url, sup.boot_id, 30)
+        ledger.mark_doubtful(aid, "lease_expired")
+        assert resolve_doubt(ledger, sup.client, sup._current_boot(), worker_id=sup.worker_id,
+                             min_age=60) == {}  # young, of this boot: left to revive
+        assert ledger.attempt(aid).state == "doubtful"
 
 
 @pytest.mark.sglang
