@@ -47,8 +47,8 @@ from queue_rollout.engines.vllm import VLLMClient
 from queue_rollout.errors import BarrierTimeout, RedisUnavailable
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.ledger.records import decode_attempt
-from queue_rollout.procs import cli_exe
-from testkit import metric_sum, process_tree, wait_for, write_farm
+from queue_rollout.procs import cli_exe, stop_all
+from testkit import alive, metric_sum, process_tree, wait_for, write_farm
 
 #: SGLang's own request log, one JSON object a request received or finished.
 REQUEST_LOG_ARGS = ["--log-requests", "--log-requests-level", "1",
@@ -289,7 +289,8 @@ def serves(url: str, timeout: float = 5.0) -> bool:
 # -- processes --------------------------------------------------------------------------
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The command line of process *pid* ('' once it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
@@ -308,7 +309,7 @@ def generating_processes(root: int, port: int) -> list[int]:
                     sockets.add(f"socket:[{f[9]}]")
     found = []
     for pid in sorted(process_tree(root)):
-        if EPISODE_PROCESS not in _cmdline(pid):
+        if EPISODE_PROCESS not in cmdline(pid):
             continue
         try:
             links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
@@ -317,6 +318,106 @@ def generating_processes(root: int, port: int) -> list[int]:
         if links & sockets:
             found.append(pid)
     return found
+
+
+def kill_all(pids: set[int]) -> None:
+    """SIGKILL every process of *pids* (all at once; those already gone ignored)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def replica_pid(root: int, module: str, port: int) -> int:
+    """The one process under *root* running *module* (an engine's server) on *port*."""
+    found = [pid for pid in process_tree(root)
+             if module in (cmd := cmdline(pid)) and f"--port {port} " in cmd]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def running_anywhere(module: str, port: int) -> list[int]:
+    """Every process on the machine running *module* on *port*."""
+    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if module in (cmd := cmdline(pid)) and f"--port {port} " in cmd]
+
+
+# -- node -------------------------------------------------------------------------------
+
+
+def registered(client: RolloutClient) -> dict[int, str]:
+    """GPU -> the boot id its registered worker runs against."""
+    return {w["gpu"]: w["boot"] for w in
+            (json.loads(v) for v in client.ledger.client.hgetall(client.ledger.keys.workers)
+             .values())}
+
+
+def new_boot(client: RolloutClient, gpu: int, old: str | None) -> str | None:
+    """The boot id *gpu*'s registered worker runs against, once it is not *old*."""
+    boot = registered(client).get(gpu)
+    return boot if boot not in (None, old) else None
+
+
+def node_boots(state: Path) -> list[dict[str, Any]]:
+    """What ``node`` recorded of each replica start (``<state_dir>/node/boots.jsonl``)."""
+    path = state / "node" / "boots.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@dataclass
+class NodeRun:
+    """``queue-rollout node --gpus GPU -c TOML`` with *env*, its stderr in *log_path*, and
+    a collector beside it. :meth:`running` yields node once it says what it starts; on
+    the way out the collector stops, node gets SIGTERM, its exit code goes in ``code``
+    and every process it had in ``tree`` (whatever is left of them is SIGKILLed, so a
+    failed test leaves nothing running)."""
+
+    toml: Path
+    gpu: int
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+    code: int | None = None
+    tree: set[int] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[subprocess.Popen[str]]:
+        with self.log_path.open("ab") as log:
+            proc = self.proc = subprocess.Popen(
+                [cli_exe(), "node", "--gpus", str(self.gpu), "-c", str(self.toml)],
+                stdout=subprocess.PIPE, stderr=log, text=True, env=self.env,
+                cwd=self.toml.parent)
+            collector: subprocess.Popen[bytes] | None = None
+            try:
+                assert proc.stdout is not None and "node: 1 GPU" in proc.stdout.readline()
+                collector = start_collector(self.toml)
+                yield proc
+            finally:
+                if collector is not None:
+                    stop_all([collector], 30)
+                self.tree |= process_tree(proc.pid)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    self.code = proc.wait(120)
+                finally:
+                    kill_all(self.tree - {proc.pid})
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text()[-chars:]
+
+    def check_stopped(self, client: RolloutClient, server: str, port: int) -> None:
+        """After :meth:`running`: node exited 0 with nothing it started left running (its
+        replica's *server* module on *port* included) and its worker deregistered."""
+        assert self.code == 0, self.log_tail()
+        assert alive(self.tree) == set(), [cmdline(pid) for pid in alive(self.tree)]
+        assert not running_anywhere(server, port)
+        assert registered(client) == {}
+
+
+def start_collector(toml: Path) -> subprocess.Popen[bytes]:
+    """``queue-rollout collector -c TOML``, its stderr in ``collector.log`` beside it."""
+    with (toml.parent / "collector.log").open("ab") as log:
+        return subprocess.Popen([cli_exe(), "collector", "-c", str(toml)], stderr=log,
+                                cwd=toml.parent)
 
 
 # -- the farm ---------------------------------------------------------------------------

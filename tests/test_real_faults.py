@@ -34,7 +34,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -48,6 +47,7 @@ from faultfarm import (
     Consumed,
     FaultServer,
     NodeReplica,
+    NodeRun,
     RequestLog,
     Sample,
     UpFarm,
@@ -58,9 +58,14 @@ from faultfarm import (
     farm_toml,
     generating_processes,
     generations,
+    kill_all,
     model_info,
+    new_boot,
+    node_boots,
     overlapping,
     record,
+    registered,
+    replica_pid,
     restore,
     serves,
     settled,
@@ -73,9 +78,7 @@ from queue_rollout.config import load_config
 from queue_rollout.engines.base import episode_seed
 from queue_rollout.launch.node import SGLANG_PYTHON_ENV
 from queue_rollout.ledger.embedded import EmbeddedRedis
-from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.records import decode_attempt
-from queue_rollout.procs import cli_exe, stop_all
 from testkit import alive, free_ports, process_tree, wait_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(600)]
@@ -549,42 +552,6 @@ def test_redis_killed_and_restarted(tmp_path: Path, replicas: list[FaultServer],
 # -- 2 under node: node launches the replicas, restarts the killed one --------------------
 
 
-def _registered(client: RolloutClient) -> dict[int, str]:
-    """GPU -> the boot id its registered worker runs against."""
-    return {w["gpu"]: w["boot"] for w in
-            (json.loads(v) for v in client.ledger.client.hgetall(
-                Keys(client.config.farm.name).workers).values())}
-
-
-def _new_boot(client: RolloutClient, gpu: int, old: str) -> str | None:
-    """The boot id *gpu*'s registered worker runs against, once it is not *old*."""
-    boot = _registered(client).get(gpu)
-    return boot if boot not in (None, old) else None
-
-
-def _boots(state: Path) -> list[dict[str, Any]]:
-    path = state / "node" / "boots.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _replica_pid(node: subprocess.Popen[str], port: int) -> int:
-    found = [pid for pid in process_tree(node.pid)
-             if "sglang.launch_server" in _cmd(pid) and f"--port {port} " in _cmd(pid)]
-    assert len(found) == 1, found
-    return found[0]
-
-
-def _dead(pids: set[int]) -> bool:
-    return not alive(pids)
-
-
-def _cmd(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 @pytest.mark.parametrize("mode", modes("group"))
 def test_a_replica_killed_under_node_comes_back_under_a_new_boot_and_settles_its_doubt(
         tmp_path: Path, sglang_interpreter: str, mode: str) -> None:
@@ -617,73 +584,42 @@ def test_a_replica_killed_under_node_comes_back_under_a_new_boot_and_settles_its
                                           *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop(SGLANG_PYTHON_ENV, None)
     replica = NodeReplica(f"http://127.0.0.1:{port}", state / "node" / f"replica-gpu{gpu}.log")
-    node_log = (tmp_path / "node.log").open("ab")
+    node = NodeRun(toml, gpu, env, tmp_path / "node.log")
     began = time.monotonic()
-    node = subprocess.Popen([cli_exe(), "node", "--gpus", str(gpu), "-c", str(toml)],
-                            stdout=subprocess.PIPE, stderr=node_log, text=True, env=env,
-                            cwd=tmp_path)
-    tree: set[int] = set()
-    collector: subprocess.Popen[bytes] | None = None
     try:
-        assert node.stdout is not None and "node: 1 GPU" in node.stdout.readline()
-        client = RolloutClient.from_config(toml)
-        first = wait_for(lambda: _registered(client).get(gpu), 300,
-                         "a worker against its replica")
-        assert first == _boots(state)[-1]["boot_id"]
-        print(f"\nnode: a replica and its worker up after {time.monotonic() - began:.0f} s",
-              flush=True)
-        started = time.monotonic()
-        with (tmp_path / "collector.log").open("ab") as log:
-            collector = subprocess.Popen([cli_exe(), "collector", "-c", str(toml)],
-                                         stderr=log, cwd=tmp_path)
-        watch = Watch(toml, [replica.url])
-        lengths = assignment("node-", 3)
-        since = [replica.log_offset()]
-        client.submit(prompts(lengths))
-        wait_for(partial(both_generating, client, [replica.url], 3), 120,
-                 "episodes on the replica")
-        # the worker has watched its replica since it registered: no false outage
-        worker_log = state / "node" / f"worker-gpu{gpu}.log"
-        assert "unreachable" not in worker_log.read_text()
-        victim = _replica_pid(node, port)
-        doomed = process_tree(victim)
-        assert len(doomed) >= 3  # the server, its scheduler and its detokenizer
-        for pid in doomed:  # all at once
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        fault_at = time.time()
-        wait_for(partial(_dead, doomed), 30, "the replica's processes to die")
-        replica.kills.append((replica.log_offset(), fault_at))
-        new_boot = wait_for(partial(_new_boot, client, gpu, first), 300,
-                            "node to restart the replica and its worker under a new boot id")
-        assert [b["boot_id"] for b in _boots(state)] == [first, new_boot]
-        _, counters, _ = conclude(
-            fault="replica SIGKILL (node restarts it)", mode=mode, launcher="node",
-            client=client, toml=toml, lengths=lengths, logs=[replica], since=since,
-            fault_at=fault_at, watch=watch, started=started,
-            extra={"replica_back_s": round(time.time() - fault_at, 1)})
-        assert counters.get("retries:replica_restart", 0) >= 1, counters
-        stop_all([collector], 30)
-        collector = None
-        tree = process_tree(node.pid)
-    finally:
-        if collector is not None:
-            stop_all([collector], 30)
-        tree |= process_tree(node.pid)
-        node.send_signal(signal.SIGTERM)
-        try:
-            code = node.wait(120)
-        finally:
-            for pid in tree - {node.pid}:  # nothing of it left running, whatever happened
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            node_log.close()
-    try:
-        assert code == 0, (tmp_path / "node.log").read_text()[-3000:]
-        assert alive(tree) == set(), [_cmd(pid) for pid in alive(tree)]  # nothing left
-        assert not [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                    if "sglang.launch_server" in (cmd := _cmd(pid)) and f"--port {port} " in cmd]
-        assert _registered(client) == {}  # its worker deregistered on the way out
+        with node.running() as proc:
+            client = RolloutClient.from_config(toml)
+            first = wait_for(lambda: registered(client).get(gpu), 300,
+                             "a worker against its replica")
+            assert first == node_boots(state)[-1]["boot_id"]
+            print(f"\nnode: a replica and its worker up after "
+                  f"{time.monotonic() - began:.0f} s", flush=True)
+            started = time.monotonic()
+            watch = Watch(toml, [replica.url])
+            lengths = assignment("node-", 3)
+            since = [replica.log_offset()]
+            client.submit(prompts(lengths))
+            wait_for(partial(both_generating, client, [replica.url], 3), 120,
+                     "episodes on the replica")
+            # the worker has watched its replica since it registered: no false outage
+            worker_log = state / "node" / f"worker-gpu{gpu}.log"
+            assert "unreachable" not in worker_log.read_text()
+            doomed = process_tree(replica_pid(proc.pid, "sglang.launch_server", port))
+            assert len(doomed) >= 3  # the server, its scheduler and its detokenizer
+            kill_all(doomed)  # all at once
+            fault_at = time.time()
+            wait_for(lambda: not alive(doomed), 30, "the replica's processes to die")
+            replica.kills.append((replica.log_offset(), fault_at))
+            new = wait_for(partial(new_boot, client, gpu, first), 300,
+                           "node to restart the replica and its worker under a new boot")
+            assert [b["boot_id"] for b in node_boots(state)] == [first, new]
+            _, counters, _ = conclude(
+                fault="replica SIGKILL (node restarts it)", mode=mode, launcher="node",
+                client=client, toml=toml, lengths=lengths, logs=[replica], since=since,
+                fault_at=fault_at, watch=watch, started=started,
+                extra={"replica_back_s": round(time.time() - fault_at, 1)})
+            assert counters.get("retries:replica_restart", 0) >= 1, counters
+        node.check_stopped(client, "sglang.launch_server", port)
         assert not calls.exists() or calls.read_text() == "", calls.read_text()
     finally:
         redis.stop()

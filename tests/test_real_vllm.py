@@ -2,7 +2,8 @@
 replicas of the tiny untied model, in both admission modes, every member its exact
 length, every group delivered once, the ledger clean after; an episode process
 SIGKILLed mid-generate (its attempts in doubt until ``timeouts.doubt``); a server
-SIGKILLed and started again; weight updates while episodes run."""
+SIGKILLed and started again, by the test under ``up`` and by ``node``, which launched it;
+weight updates while episodes run."""
 
 from __future__ import annotations
 
@@ -12,13 +13,29 @@ import time
 from pathlib import Path
 
 import pytest
-from faultfarm import FSYNC, UpFarm, causes, consume, doctor, generating_processes, settled
+from faultfarm import (
+    FSYNC,
+    NodeRun,
+    UpFarm,
+    causes,
+    consume,
+    doctor,
+    farm_toml,
+    generating_processes,
+    kill_all,
+    new_boot,
+    registered,
+    replica_pid,
+    settled,
+)
 from real_engine.vllm_server import VLLMServer, untied_model
 
 from queue_rollout import RolloutClient
 from queue_rollout.engines.vllm import VLLMClient
+from queue_rollout.lab.bench.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
+from queue_rollout.ledger.embedded import EmbeddedRedis
 from queue_rollout.ledger.records import decode_attempt
-from testkit import wait_for
+from testkit import alive, free_ports, process_tree, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -162,6 +179,62 @@ def test_a_replica_killed_and_restarted_under_up(
         assert "replica restarted" in farm.log_tail(400), farm.log_tail(60)
         wait_for(lambda: settled(client) is not None, 60, "the farm to settle")
         doctor(farm.toml)
+
+
+SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def test_a_replica_killed_under_node_comes_back_under_a_new_instance_id(
+        tmp_path: Path, vllm_python: str) -> None:
+    """`node --gpus 0` launches a vLLM replica (its command, its environment, the tier's
+    CPU arguments) and a worker pinned to it, which takes the replica's own boot id (its
+    instance id) over the one node gave. With episodes on it the replica's whole process
+    tree is SIGKILLed: node starts it again, its worker comes back under the new instance
+    id and settles the old one's attempts at once (``replica_restart``); every group
+    comes once, each member its exact length. SIGTERM then stops node: nothing it started
+    left running, its worker deregistered."""
+    gpu, port = 0, free_ports(1)
+    redis = EmbeddedRedis(tmp_path / "redis", appendfsync="always", write_url=False)
+    url = redis.start()
+    engine = {"python": vllm_python, "model_path": str(untied_model(vllm_python, 0)),
+              "base_port": port, "vllm_args": list(CPU_VLLM_ARGS)}
+    toml = farm_toml(tmp_path / "farm.toml", name="vllm-node", redis_url=url, urls=[],
+                     mode="sample", group_size=G, kind="vllm", pause_mode="abort", lease=3,
+                     engine_extra=engine)  # doubt: 900 s, longer than the restart
+    node = NodeRun(toml, gpu, {**os.environ, "OMP_NUM_THREADS": "1", **CPU_VLLM_ENV},
+                   tmp_path / "node.log")
+    lengths = {f"n-{i}": [LENGTHS[(i + m) % len(LENGTHS)] * 2 for m in range(G)]
+               for i in range(4)}
+    try:
+        with node.running() as proc:
+            client = RolloutClient.from_config(toml)
+            first = wait_for(lambda: registered(client).get(gpu), 400,
+                             "a worker against its replica")
+            replica = f"http://127.0.0.1:{port}"
+            assert first == VLLMClient(replica).server_info()["boot_id"]
+            client.submit([{"id": gid, "prompt": f"vllm node {gid}", "member_lengths": ls}
+                           for gid, ls in lengths.items()])
+            wait_for(lambda: running_on(client, replica) >= 2, 120,
+                     "episodes on the replica")
+            before = client.ledger.counters()
+            doomed = process_tree(replica_pid(proc.pid, SERVER, port))
+            assert len(doomed) >= 2  # the API server and its engine core
+            kill_all(doomed)  # all at once
+            wait_for(lambda: not alive(doomed), 30, "the replica's processes to die")
+            second = wait_for(lambda: new_boot(client, gpu, first), 400,
+                              "node to restart the replica and its worker")
+            assert second == VLLMClient(replica).server_info()["boot_id"]
+            got = consume(client, lengths, timeout=600)
+            assert not got.wrong and not got.lost and got.duplicated == 0, (
+                got.wrong, got.lost, node.log_tail())
+            counters = {k: v - before.get(k, 0)
+                        for k, v in client.ledger.counters().items()}
+            assert causes(counters, "retries").get("replica_restart", 0) >= 1, counters
+            wait_for(lambda: settled(client) is not None, 60, "the farm to settle")
+            doctor(toml)
+        node.check_stopped(client, SERVER, port)
+    finally:
+        redis.stop()
 
 
 def running_on(client: RolloutClient, url: str) -> int:
