@@ -70,3 +70,22 @@ class Window:
         above = {k: v / self.seconds - ref.calls.get(k, 0) / ref.seconds
                  for k, v in self.calls.items()}
         return dict(sorted(above.items(), key=lambda kv: -kv[1]))
+
+
+#: The unit of Redis CPU: one trivial script call (``EVALSHA`` of this script with one
+#: key and one argument), sent one at a time on one connection. What a farm costs is
+#: said in these units, measured on the same server in the same run: absolute CPU per
+#: call moves with the machine and its load, the unit moves with it.
+TRIVIAL_SCRIPT = "return 1"
+#: Trivial calls per measurement of the unit.
+UNIT_CALLS = 10_000
+
+
+def trivial_calls(client: redis.Redis, calls: int = UNIT_CALLS) -> Window:
+    """Send *calls* trivial script calls on *client*'s connection, one at a time, and
+    return Redis's counters over them (whatever else ran meanwhile included)."""
+    sha = client.script_load(TRIVIAL_SCRIPT)
+    a = read(client)
+    for _ in range(calls):
+        client.evalsha(sha, 1, "trivial-unit", "x")
+    return Window.between(a, read(client))

@@ -22,10 +22,16 @@ run inside scripts included), ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) an
 5. **Running**: every slot holding a long episode (its lease renewed every lease / 3),
    for ``run_s``: the cost per running episode, the idle rate subtracted.
 
-Then the projection to a farm of ``PROJECT_GPUS`` x ``PROJECT_SLOTS`` slots with
-``PROJECT_EPISODE_S`` episodes: the collector + idle GPUs + busy (episodes/s x cost per
-episode) + running (leases), as a share of one core (Redis runs commands on one
-thread).
+**The unit.** After each burst, :data:`~queue_rollout.lab.redis_info.UNIT_CALLS` trivial
+script calls one at a time on one connection (the idle rate subtracted): the Redis CPU
+of one such call is the unit every CPU figure is also given in, measured on the same
+server in the same run (absolute CPU per call moves between machines and with their
+load; the unit moves with it). The median of the measurements is the unit.
+
+Then the projections to farms of ``PROJECTIONS`` (GPUs, slots each, episode seconds):
+the collector + idle GPUs + busy (episodes/s x cost per episode) + running (leases), in
+units per second and as a share of a quiet core (``QUIET_CORE_UNITS_PER_S``; Redis runs
+commands on one thread), and, in ms, as a share of this run's core.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import redis
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.lab.redis_info import Window, read
+from queue_rollout.lab.redis_info import UNIT_CALLS, Window, read, trivial_calls
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
@@ -55,11 +61,17 @@ from queue_rollout.ledger.keys import Keys
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 
 PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
+#: The farms projected in units: (GPUs, slots per GPU, seconds per episode).
+PROJECTIONS = ((1024, 16, 10.0), (1024, 128, 30.0))
+#: Trivial calls a quiet core runs per second (one call costs it about 10 us of CPU).
+QUIET_CORE_UNITS_PER_S = 100_000.0
 #: What one Redis must stay under: per GPU idle, per episode, ...
 TARGETS = {"idle_calls_per_gpu_s": 4.0, "idle_core_pct_per_gpu": 0.02,
            "connections_per_gpu": 20.0, "commands_per_episode": 60.0,
            "redis_cpu_ms_per_episode": 0.35, "running_core_pct_per_episode": 0.001,
-           "projected_core_pct": 95.0}
+           "projected_core_pct": 95.0,
+           "idle_units_per_gpu_s": 8.0, "units_per_episode": 10.0,
+           "running_units_per_episode_s": 0.1, "projected_quiet_core_pct_1024x128": 70.0}
 
 
 @dataclass
@@ -81,6 +93,8 @@ class RedisLoadResult:
     replicas: int = 0  # replicas following the Redis (at least wait_replicas)
     placement: str = "any"  # the farm's rollout.placement
     notes: list[str] = field(default_factory=list)
+    units: list[Window] = field(default_factory=list)  # each of unit_calls trivial calls
+    unit_calls: int = UNIT_CALLS
 
     # -- per unit, above the empty server ---------------------------------------------
 
@@ -142,6 +156,51 @@ class RedisLoadResult:
         return (100.0 * self._above_idle(self.running)[1] / self.running.seconds
                 / self.running_episodes)
 
+    # -- in trivial-call units -----------------------------------------------------------
+
+    @property
+    def rounds_unit_ms(self) -> list[float]:
+        """Redis CPU ms of one trivial call, each measurement (the idle rate subtracted)."""
+        return [1000.0 * self._above_idle(w)[1] / self.unit_calls for w in self.units]
+
+    @property
+    def unit_ms(self) -> float:
+        """The unit: the median of :attr:`rounds_unit_ms`."""
+        return statistics.median(self.rounds_unit_ms)
+
+    def _units_per_s(self, core_pct: float) -> float:
+        return core_pct * 10.0 / self.unit_ms  # % of a core = 10 ms/s
+
+    @property
+    def collector_units_per_s(self) -> float:
+        return self._units_per_s(self.collector_core_pct)
+
+    @property
+    def idle_units_per_gpu_s(self) -> float:
+        return self._units_per_s(self.idle_core_pct_per_gpu)
+
+    @property
+    def units_per_episode(self) -> float:
+        return self.redis_cpu_ms_per_episode / self.unit_ms
+
+    @property
+    def running_units_per_episode_s(self) -> float:
+        return self._units_per_s(self.running_core_pct_per_episode)
+
+    def projection_units(self, gpus: int, slots: int, episode_s: float) -> dict[str, float]:
+        """A farm of *gpus* x *slots* with *episode_s* episodes in units per second: idle
+        (the collector's included), busy and running (leases), their sum as a share of a
+        quiet core and of this run's."""
+        idle = self.collector_units_per_s + self.idle_units_per_gpu_s * gpus
+        busy = self.units_per_episode * gpus * slots / episode_s
+        running = self.running_units_per_episode_s * gpus * slots
+        total = idle + busy + running
+        return {"gpus": gpus, "slots_per_gpu": slots, "episode_s": episode_s,
+                "idle_units_per_s": round(idle), "busy_units_per_s": round(busy),
+                "running_units_per_s": round(running), "units_per_s": round(total),
+                "quiet_core_pct": round(100.0 * total / QUIET_CORE_UNITS_PER_S, 1),
+                "this_core_pct": round(total * self.unit_ms / 10.0, 1)}
+
     def episode_commands(self) -> dict[str, float]:
         """Commands per episode by name (the burst, idle not subtracted), largest first."""
         per = {k: v / self.burst_episodes for k, v in self.burst.calls.items()}
@@ -196,6 +255,15 @@ class RedisLoadResult:
             "pause_barrier_s": _median_max(self.pause_barrier_s),
             "resume_s": _median_max(self.resume_s),
             "projection": self.projection(), "targets": TARGETS, "notes": self.notes,
+            "unit_calls": self.unit_calls,
+            "unit_us": round(1000.0 * self.unit_ms, 3),
+            "rounds_unit_us": [round(1000.0 * v, 3) for v in self.rounds_unit_ms],
+            "quiet_core_units_per_s": QUIET_CORE_UNITS_PER_S,
+            "collector_units_per_s": round(self.collector_units_per_s, 2),
+            "idle_units_per_gpu_s": round(self.idle_units_per_gpu_s, 3),
+            "units_per_episode": round(self.units_per_episode, 2),
+            "running_units_per_episode_s": round(self.running_units_per_episode_s, 4),
+            "projections_units": [self.projection_units(*p) for p in PROJECTIONS],
         }
 
 
@@ -264,11 +332,13 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             progress("redis-load: the pause barrier and resume, 10 times")
             pauses, resumes = _pause_latency(client, rounds=10)
             bursts: list[Window] = []
+            units: list[Window] = []
             for r in range(burst_rounds):
                 progress(f"redis-load: burst {r + 1} of {burst_rounds}, {burst_groups} groups "
-                         "of 8 tiny episodes")
+                         f"of 8 tiny episodes, then the unit ({UNIT_CALLS} trivial calls)")
                 burst, episodes = _burst(client, meter, burst_groups, tag=f"r{r}")
                 bursts.append(burst)
+                units.append(trivial_calls(meter))
             progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
             running, held = _running(client, meter, gpus * slots, run_s)
         finally:
@@ -277,7 +347,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             meter.close()
     return RedisLoadResult(gpus, slots, baseline, idle, connections, bursts, episodes,
                            running, held, alone, alone_clients, pauses, resumes,
-                           wait_replicas, replicas, placement)
+                           wait_replicas, replicas, placement, units=units)
 
 
 def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
@@ -392,21 +462,31 @@ def redis_load_text(r: dict[str, Any]) -> str:
         f"  the collector alone           {r['collector_calls_per_s']:10.2f} calls/s, "
         f"{r['collector_core_pct']:.4f}% of a core, {r['collector_connections']} connections "
         "(once per farm)",
+        f"  the unit, one trivial call    {r['unit_us']:10.2f}   us of Redis CPU here (the median "
+        "of " + ", ".join(f"{v:.2f}" for v in r["rounds_unit_us"])
+        + f"; a quiet core runs about {r['quiet_core_units_per_s']:,.0f} a second)",
         f"  idle calls/s per GPU          {r['idle_calls_per_gpu_s']:10.2f}   (target <= 4)",
-        f"  idle Redis core % per GPU     {r['idle_core_pct_per_gpu']:10.4f}   (target <= 0.02)",
+        f"  idle Redis core % per GPU     {r['idle_core_pct_per_gpu']:10.4f}   (target <= 0.02)"
+        f" = {r['idle_units_per_gpu_s']:.2f} units/s (target <= 8)",
         f"  connections per GPU           {r['connections_per_gpu']:10.2f}   (target <= 20)",
         f"  commands per episode          {r['commands_per_episode']:10.2f}   (target <= 60)",
         f"  Redis CPU ms per episode      {r['redis_cpu_ms_per_episode']:10.4f}   "
         "(target <= 0.35; the median of "
-        + ", ".join(f"{v:.3f}" for v in r["rounds_cpu_ms_per_episode"]) + ")",
+        + ", ".join(f"{v:.3f}" for v in r["rounds_cpu_ms_per_episode"])
+        + f") = {r['units_per_episode']:.2f} units (target <= 10)",
         f"  core % per running episode    {r['running_core_pct_per_episode']:10.6f}   "
-        "(target <= 0.001)",
+        f"(target <= 0.001) = {r['running_units_per_episode_s']:.3f} units/s (target <= 0.1)",
         f"  projection, {p['gpus']} GPUs x {p['slots'] // p['gpus']} slots, "
         f"{p['episode_s']:g} s episodes ({p['episodes_per_s']:g} episodes/s): idle "
         f"{p['idle_core_pct']:.1f}% (the collector's included), "
         f"busy {p['busy_core_pct']:.1f}%, running leases "
         f"{p['running_core_pct']:.1f}%, sum {p['sum_core_pct']:.1f}% of one core; "
         f"{p['connections']} connections",
+        *(f"  projection in units, {u['gpus']} GPUs x {u['slots_per_gpu']} slots, "
+          f"{u['episode_s']:g} s episodes: idle {u['idle_units_per_s']:,}, busy "
+          f"{u['busy_units_per_s']:,}, running {u['running_units_per_s']:,}, sum "
+          f"{u['units_per_s']:,} units/s: {u['quiet_core_pct']:.1f}% of a quiet core "
+          f"({u['this_core_pct']:.1f}% of this run's)" for u in r["projections_units"]),
         "  commands per episode by name: " + ", ".join(
             f"{k} {v:g}" for k, v in list(r["episode_commands"].items())[:12]),
         "  idle calls/s per GPU by name: " + ", ".join(

@@ -30,7 +30,10 @@ def test_per_gpu_per_episode_and_projection_arithmetic():
                 window(2, 0.012, hset=808)],
         burst_episodes=100,
         running=window(10, 0.0364, ping=10, hset=30, evalsha=64),  # 64 calls, 6.4 ms above
-        running_episodes=64)
+        running_episodes=64,
+        # 10,000 trivial calls each: 100, 200 and 40 ms above idle: the unit is 10 us
+        units=[window(2, 0.106, evalsha=10_000), window(2, 0.206, evalsha=10_000),
+               window(2, 0.046, evalsha=10_000)])
     assert r.idle_calls_per_gpu_s == pytest.approx(0.75)
     assert r.idle_core_pct_per_gpu == pytest.approx(0.05)
     assert r.connections_per_gpu == 10
@@ -46,6 +49,21 @@ def test_per_gpu_per_episode_and_projection_arithmetic():
     assert p["sum_core_pct"] == pytest.approx(51.2 + 16.38 + 16.38, abs=0.02)
     assert p["connections"] == 10240
     assert r.rounds_cpu_ms_per_episode == pytest.approx([0.1, 0.3, 0.06])
+    assert r.rounds_unit_ms == pytest.approx([0.01, 0.02, 0.004])
+    assert r.unit_ms == pytest.approx(0.01)
+    assert r.units_per_episode == pytest.approx(10.0)  # 0.1 ms
+    assert r.idle_units_per_gpu_s == pytest.approx(50.0)  # 0.05 % of a core = 0.5 ms/s
+    assert r.running_units_per_episode_s == pytest.approx(1.0)  # 0.01 ms/s
+    u = r.projection_units(gpus=1024, slots=16, episode_s=10)
+    assert (u["idle_units_per_s"], u["busy_units_per_s"], u["running_units_per_s"]) == (
+        51200, 16384, 16384)
+    assert u["quiet_core_pct"] == pytest.approx(84.0)  # of 100,000 units/s
+    # in this run's core the units say what the ms say
+    assert u["this_core_pct"] == pytest.approx(p["sum_core_pct"], abs=0.1)
+    out = r.as_json()
+    assert [(x["gpus"], x["slots_per_gpu"]) for x in out["projections_units"]] == [
+        (1024, 16), (1024, 128)]
+    assert "units/s" in redis_load_text(out)
 
 
 def test_the_collector_counts_once_per_farm_not_once_per_gpu():
@@ -57,8 +75,10 @@ def test_the_collector_counts_once_per_farm_not_once_per_gpu():
         idle=window(10, 0.03, ping=10, hget=30, hset=20),  # +2 calls/s, +0.12 % for 4 GPUs
         connections=43,
         bursts=[window(2, 0.016, hset=808)], burst_episodes=100,
-        running=window(10, 0.0364, ping=10, hset=30, evalsha=64), running_episodes=64)
+        running=window(10, 0.0364, ping=10, hset=30, evalsha=64), running_episodes=64,
+        units=[window(2, 0.106, evalsha=10_000)])  # 10 us
     assert r.collector_calls_per_s == pytest.approx(3.0)
+    assert r.collector_units_per_s == pytest.approx(80.0)  # 0.08 % of a core = 0.8 ms/s
     assert r.collector_core_pct == pytest.approx(0.08)
     assert r.idle_calls_per_gpu_s == pytest.approx(0.5)
     assert r.idle_core_pct_per_gpu == pytest.approx(0.03)
@@ -99,6 +119,10 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
     assert out["projection"]["gpus"] == 1024
     assert {"median"} <= set(out["pause_barrier_s"]) and {"median"} <= set(out["resume_s"])
     assert "commands per episode" in redis_load_text(out)
+    # the unit, after each burst: its trivial calls counted, its figure their median
+    assert len(res.units) == 2 and all(w.calls.get("evalsha", 0) >= 10_000 for w in res.units)
+    assert min(out["rounds_unit_us"]) <= out["unit_us"] <= max(out["rounds_unit_us"])
+    assert len(out["projections_units"]) == 2
     assert (tmp_path / "logs" / "worker-0.log").exists()
 
 
