@@ -153,9 +153,12 @@ class LeaseKeeper:
                 self._wake.clear()
                 continue
             with self._lock:  # no attempt ends (and reports) mid-renewal
+                # one is due: every one is renewed with it, in one call (those not yet
+                # due a little early), so a process's renewals stay one call however
+                # its attempts' starts are spread
                 now = time.monotonic()
-                batch = [x for x in self._live if not x.done.is_set() and x.next_beat <= now]
-                for x in batch:  # renewed together from now on
+                batch = [x for x in self._live if not x.done.is_set()]
+                for x in batch:
                     x.next_beat = now + self.lease_s / 3
                 self._renew(batch)
 

@@ -14,9 +14,9 @@ from queue_rollout.config import Config
 from queue_rollout.engines.base import episode_seed
 from queue_rollout.engines.sglang import SGLangClient
 from queue_rollout.lab.sim.server import ThreadedSimEngine
-from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.core import Answer, Ledger
 from queue_rollout.results import decode_result
-from queue_rollout.workers.episode import AttemptRunner
+from queue_rollout.workers.episode import AttemptRunner, LeaseKeeper, _Live
 from queue_rollout.workers.workflows import extract_answer, load_workflow
 from testkit import running, wait_for
 
@@ -258,6 +258,35 @@ def test_an_abort_the_replica_is_slow_to_answer_holds_up_no_other_episode(r, slo
     t.join(10)
     assert out["v"] == "superseded"
     assert ledger.counters().get("ignored", 0) == 1  # the stale heartbeat, nothing after
+
+
+class Renewals:
+    """A ledger that records the attempts of each renewal call and answers ok."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.called = threading.Event()
+
+    def renew(self, worker, lease_s, attempts):
+        self.calls.append([a.aid for a in attempts])
+        self.called.set()
+        return [Answer("ok") for _ in attempts]
+
+
+def test_one_renewal_call_carries_every_attempt_of_the_process_however_their_starts_spread():
+    """Three attempts whose renewals fall due at different times: when the first is due,
+    all three go in that one call (the others a little early), not one call each."""
+    ledger = Renewals()
+    keeper = LeaseKeeper(ledger, SGLangClient("http://127.0.0.1:9"), "w0", lease_s=30)
+    now = time.monotonic()
+    lives = [_Live(f"a{i}", rid=f"a{i}", next_beat=now + 0.2 + 3 * i) for i in range(3)]
+    for live in lives:
+        keeper.add(live)
+    assert ledger.called.wait(5)
+    assert sorted(ledger.calls[0]) == ["a0", "a1", "a2"]
+    assert all(live.next_beat >= now + 10 for live in lives)  # all due together next time
+    for live in lives:
+        keeper.remove(live)
 
 
 def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow):
