@@ -27,12 +27,15 @@ from typing import Any
 
 from grpo_tiny import LONG_TOKENS, task_prompts
 from learning_stats import (
+    TAKE_OFF_REWARD,
+    TAKE_OFF_WINDOW,
     clopper_pearson,
     detectable_hazard_ratio,
     detectable_share_difference,
     km_median,
     logrank,
     take_off,
+    trailing_mean,
 )
 
 REWARD_GOAL = 0.9  # the time-to-reward threshold of the smoothed sampled reward
@@ -174,33 +177,39 @@ def report(runs: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
 
 
 def plots(runs: list[dict[str, Any]], out: Path) -> list[Path]:
-    """Sampled reward against step and, where the runs have step times, against wall
-    time: one panel per arm, each seed a thin line, the arm's mean a thick one."""
+    """The sampled reward smoothed as take-off reads it (its trailing mean over
+    ``TAKE_OFF_WINDOW`` steps) against step and, for the runs that recorded their step
+    times, against wall time: one panel per arm, each seed a thin line, the arm's mean a
+    thick one (against step), the take-off threshold dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = sorted({r["arm"] for r in runs})
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for x_axis in ("step", "wall"):
-        if x_axis == "wall" and not any(r.get("at_s") for r in runs):
+        timed = [r for r in runs if x_axis == "step"
+                 or len(r.get("at_s") or []) == len(r["rewards"])]
+        arms = sorted({r["arm"] for r in timed})
+        if not arms:
             continue
         fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), sharey=True,
                                  squeeze=False)
         for ax, arm in zip(axes[0], arms, strict=True):
-            rs = [r for r in runs if r["arm"] == arm]
-            for r in rs:
-                xs = r["at_s"] if x_axis == "wall" else range(1, len(r["rewards"]) + 1)
-                ax.plot(list(xs), r["rewards"], lw=0.6, alpha=0.5)
+            rs = [r for r in timed if r["arm"] == arm]
+            smooth = [trailing_mean(r["rewards"]) for r in rs]
+            for r, ys in zip(rs, smooth, strict=True):
+                xs = r["at_s"] if x_axis == "wall" else range(1, len(ys) + 1)
+                ax.plot(list(xs), ys, lw=0.7, alpha=0.6)
             if x_axis == "step":
-                n = min(len(r["rewards"]) for r in rs)
-                ax.plot(range(1, n + 1), [statistics.fmean(r["rewards"][i] for r in rs)
+                n = min(len(ys) for ys in smooth)
+                ax.plot(range(1, n + 1), [statistics.fmean(ys[i] for ys in smooth)
                                           for i in range(n)], lw=2.2, color="black")
+            ax.axhline(TAKE_OFF_REWARD, ls="--", lw=0.8, color="grey")
             ax.set_title(f"{arm} ({len(rs)} seeds)")
             ax.set_xlabel("step" if x_axis == "step" else "seconds")
-        axes[0][0].set_ylabel("sampled reward")
+        axes[0][0].set_ylabel(f"sampled reward, mean of {TAKE_OFF_WINDOW} steps")
         fig.tight_layout()
         path = out / f"reward-{x_axis}.png"
         fig.savefig(path, dpi=110)

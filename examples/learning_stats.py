@@ -25,12 +25,22 @@ Z = statistics.NormalDist()
 
 # -- take-off --------------------------------------------------------------------------------
 
-def take_off(rewards: Sequence[float], threshold: float = 0.5, window: int = 5) -> int | None:
+TAKE_OFF_WINDOW = 5  # steps the sampled reward is smoothed over
+TAKE_OFF_REWARD = 0.5  # the smoothed sampled reward a run takes off at
+
+
+def trailing_mean(rewards: Sequence[float], window: int = TAKE_OFF_WINDOW) -> list[float]:
+    """Each step's mean over the *window* steps up to it (fewer at the start)."""
+    return [statistics.fmean(rewards[max(0, step - window):step])
+            for step in range(1, len(rewards) + 1)]
+
+
+def take_off(rewards: Sequence[float], threshold: float = TAKE_OFF_REWARD,
+             window: int = TAKE_OFF_WINDOW) -> int | None:
     """The first step (1-based) whose trailing mean over *window* steps (fewer at the
     start) reaches *threshold*; None if no step does (censored)."""
-    for step in range(1, len(rewards) + 1):
-        recent = rewards[max(0, step - window):step]
-        if statistics.fmean(recent) >= threshold:
+    for step, mean in enumerate(trailing_mean(rewards, window), start=1):
+        if mean >= threshold:
             return step
     return None
 
