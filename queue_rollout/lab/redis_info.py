@@ -7,6 +7,7 @@ run's ledger."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import redis
@@ -89,3 +90,42 @@ def trivial_calls(client: redis.Redis, calls: int = UNIT_CALLS) -> Window:
     for _ in range(calls):
         client.evalsha(sha, 1, "trivial-unit", "x")
     return Window.between(a, read(client))
+
+
+#: Slow-log entries kept while a profile runs (every command is one).
+PROFILE_ENTRIES = 1_000_000
+
+
+def profiled(client: redis.Redis, run: Callable[[], object], scripts: Mapping[str, str]
+             ) -> dict[str, tuple[int, int]]:
+    """Run *run* while Redis's slow log takes every command, and return (calls,
+    microseconds) by command: what each cost Redis to execute, its I/O left out; a
+    script call (``EVALSHA``) goes under its name in *scripts* (SHA1 -> name). The slow
+    log's settings are put back after, and it is emptied before and after."""
+    saved = client.config_get("slowlog-*")
+    client.config_set("slowlog-max-len", PROFILE_ENTRIES)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    try:
+        run()
+        entries = client.slowlog_get(PROFILE_ENTRIES)
+    finally:
+        for name, value in saved.items():
+            client.config_set(name, value)
+        client.slowlog_reset()
+    out: dict[str, tuple[int, int]] = {}
+    for entry in entries:
+        command = entry["command"]
+        words = (command.decode(errors="replace") if isinstance(command, bytes)
+                 else str(command)).split()
+        if not words:
+            continue
+        name = words[0].lower()
+        if name in ("evalsha", "evalsha_ro") and len(words) > 1:
+            sha = words[1]
+            name = f"{scripts[sha]}.lua" if sha in scripts else f"script {sha[:8]}"
+        elif name in ("slowlog", "config", "info"):
+            continue  # the profile's own
+        calls, usec = out.get(name, (0, 0))
+        out[name] = (calls + 1, usec + int(entry["duration"]))
+    return out

@@ -12,6 +12,7 @@ documents.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from importlib import resources
 
@@ -45,6 +46,13 @@ def source(name: str, *, receipts: bool = False) -> str:
 def documented_key_count(name: str) -> int:
     """How many KEYS the script's header documents."""
     return max((int(n) for n in _KEY_LINE.findall(_lua(name))), default=0)
+
+
+def script_names() -> dict[str, str]:
+    """Each operation's script by its SHA1 (what ``EVALSHA`` names it by), with and
+    without receipts: SHA1 -> the operation's name."""
+    return {hashlib.sha1(source(name, receipts=r).encode()).hexdigest(): name
+            for name in OPERATIONS for r in (False, True)}
 
 
 class Scripts:

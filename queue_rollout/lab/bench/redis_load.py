@@ -28,6 +28,13 @@ of one such call is the unit every CPU figure is also given in, measured on the 
 server in the same run (absolute CPU per call moves between machines and with their
 load; the unit moves with it). The median of the measurements is the unit.
 
+**The profile.** One more burst with Redis's slow log taking every command: per
+episode, the calls of each command (a script by its operation's name; Redis logs the
+commands a script runs too, so they count under their own names as well) and the
+microseconds the log timed them (execution, no I/O; a script's include its commands',
+and logging each of them inflates it: a relative figure). Not in the per-episode
+figures above.
+
 Then the projections to farms of ``PROJECTIONS`` (GPUs, slots each, episode seconds):
 the collector + idle GPUs + busy (episodes/s x cost per episode) + running (leases), in
 units per second and as a share of a quiet core (``QUIET_CORE_UNITS_PER_S``; Redis runs
@@ -52,12 +59,13 @@ import redis
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.lab.redis_info import UNIT_CALLS, Window, read, trivial_calls
+from queue_rollout.lab.redis_info import UNIT_CALLS, Window, profiled, read, trivial_calls
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port, replica_of
 from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.scripts import script_names
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 
 PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
@@ -95,6 +103,9 @@ class RedisLoadResult:
     notes: list[str] = field(default_factory=list)
     units: list[Window] = field(default_factory=list)  # each of unit_calls trivial calls
     unit_calls: int = UNIT_CALLS
+    # one more burst with every command in Redis's slow log: (calls, us) by command
+    profile: dict[str, tuple[int, int]] = field(default_factory=dict)
+    profile_episodes: int = 0
 
     # -- per unit, above the empty server ---------------------------------------------
 
@@ -201,6 +212,14 @@ class RedisLoadResult:
                 "quiet_core_pct": round(100.0 * total / QUIET_CORE_UNITS_PER_S, 1),
                 "this_core_pct": round(total * self.unit_ms / 10.0, 1)}
 
+    def episode_profile(self) -> dict[str, dict[str, float]]:
+        """Per episode of the profiled burst, each command's (a script by its name)
+        calls and the microseconds the slow log timed, most first."""
+        n = max(1, self.profile_episodes)
+        rows = {name: {"calls": round(calls / n, 3), "usec": round(usec / n, 2)}
+                for name, (calls, usec) in self.profile.items()}
+        return dict(sorted(rows.items(), key=lambda kv: -kv[1]["usec"]))
+
     def episode_commands(self) -> dict[str, float]:
         """Commands per episode by name (the burst, idle not subtracted), largest first."""
         per = {k: v / self.burst_episodes for k, v in self.burst.calls.items()}
@@ -264,6 +283,7 @@ class RedisLoadResult:
             "units_per_episode": round(self.units_per_episode, 2),
             "running_units_per_episode_s": round(self.running_units_per_episode_s, 4),
             "projections_units": [self.projection_units(*p) for p in PROJECTIONS],
+            "episode_profile": dict(list(self.episode_profile().items())[:20]),
         }
 
 
@@ -339,6 +359,9 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
                 burst, episodes = _burst(client, meter, burst_groups, tag=f"r{r}")
                 bursts.append(burst)
                 units.append(trivial_calls(meter))
+            progress("redis-load: one more burst, every command in the slow log")
+            profile = profiled(meter, lambda: _burst(client, meter, burst_groups, tag="prof"),
+                               script_names())
             progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
             running, held = _running(client, meter, gpus * slots, run_s)
         finally:
@@ -347,7 +370,8 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
             meter.close()
     return RedisLoadResult(gpus, slots, baseline, idle, connections, bursts, episodes,
                            running, held, alone, alone_clients, pauses, resumes,
-                           wait_replicas, replicas, placement, units=units)
+                           wait_replicas, replicas, placement, units=units,
+                           profile=profile, profile_episodes=episodes)
 
 
 def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
@@ -487,6 +511,9 @@ def redis_load_text(r: dict[str, Any]) -> str:
           f"{u['busy_units_per_s']:,}, running {u['running_units_per_s']:,}, sum "
           f"{u['units_per_s']:,} units/s: {u['quiet_core_pct']:.1f}% of a quiet core "
           f"({u['this_core_pct']:.1f}% of this run's)" for u in r["projections_units"]),
+        "  slow-log profile per episode, us (calls): " + ", ".join(
+            f"{k} {v['usec']:g} ({v['calls']:g})"
+            for k, v in list(r["episode_profile"].items())[:10]),
         "  commands per episode by name: " + ", ".join(
             f"{k} {v:g}" for k, v in list(r["episode_commands"].items())[:12]),
         "  idle calls/s per GPU by name: " + ", ".join(

@@ -123,6 +123,10 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
     assert len(res.units) == 2 and all(w.calls.get("evalsha", 0) >= 10_000 for w in res.units)
     assert min(out["rounds_unit_us"]) <= out["unit_us"] <= max(out["rounds_unit_us"])
     assert len(out["projections_units"]) == 2
+    # the profiled burst: each episode started and finished once, each by its script
+    profile = out["episode_profile"]
+    assert profile["start.lua"]["calls"] == profile["finish.lua"]["calls"] == 1
+    assert "slow-log profile per episode" in redis_load_text(out)
     assert (tmp_path / "logs" / "worker-0.log").exists()
 
 
