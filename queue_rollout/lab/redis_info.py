@@ -2,7 +2,9 @@
 by command, commands run inside scripts included; ``INFO`` itself left out), ``INFO
 cpu`` and ``INFO clients``; one reading, and what happened between two. The
 redis-load bench measures the farm with them, the bench's pilots and the planner a
-run's ledger."""
+run's ledger. Also the unit the redis-load bench states CPU in (trivial script calls,
+:func:`trivial_calls`) and a profile of one run by command from Redis's slow log
+(:func:`profiled`)."""
 
 from __future__ import annotations
 
