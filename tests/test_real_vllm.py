@@ -122,7 +122,7 @@ def test_weight_updates_during_running_episodes(
     try:
         with farm.running() as client:
             for version, weights in enumerate(waves, start=1):
-                lengths = {f"w{version}-{i}": [LENGTHS[(i + m) % len(LENGTHS)] * 5
+                lengths = {f"w{version}-{i}": [LENGTHS[(i + m) % len(LENGTHS)] * 3
                                                for m in range(G)] for i in range(4)}
                 client.submit([{"id": gid, "prompt": f"vllm weights {gid}",
                                 "member_lengths": ls} for gid, ls in lengths.items()])
