@@ -202,15 +202,14 @@ class RedisLoadResult:
         """A farm of *gpus* x *slots* with *episode_s* episodes in units per second: idle
         (the collector's included), busy and running (leases), their sum as a share of a
         quiet core and of this run's."""
-        idle = self.collector_units_per_s + self.idle_units_per_gpu_s * gpus
-        busy = self.units_per_episode * gpus * slots / episode_s
-        running = self.running_units_per_episode_s * gpus * slots
+        shares = self._shares(gpus, slots, episode_s)
+        idle, busy, running = (self._units_per_s(pct) for pct in shares)
         total = idle + busy + running
         return {"gpus": gpus, "slots_per_gpu": slots, "episode_s": episode_s,
                 "idle_units_per_s": round(idle), "busy_units_per_s": round(busy),
                 "running_units_per_s": round(running), "units_per_s": round(total),
                 "quiet_core_pct": round(100.0 * total / QUIET_CORE_UNITS_PER_S, 1),
-                "this_core_pct": round(total * self.unit_ms / 10.0, 1)}
+                "this_core_pct": round(sum(shares), 1)}
 
     def episode_profile(self) -> dict[str, dict[str, float]]:
         """Per episode of the profiled burst, each command's (a script by its name)
@@ -225,14 +224,19 @@ class RedisLoadResult:
         per = {k: v / self.burst_episodes for k, v in self.burst.calls.items()}
         return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
+    def _shares(self, gpus: int, slots: int, episode_s: float) -> tuple[float, float, float]:
+        """A farm of *gpus* x *slots* with *episode_s* episodes: idle (the collector's
+        included), busy and running (leases), each in % of this run's core."""
+        idle = self.collector_core_pct + self.idle_core_pct_per_gpu * gpus
+        busy = self.redis_cpu_ms_per_episode * gpus * slots / episode_s / 10.0  # ms/s -> %
+        running = self.running_core_pct_per_episode * gpus * slots
+        return idle, busy, running
+
     def projection(self, gpus: int = PROJECT_GPUS, slots: int = PROJECT_SLOTS,
                    episode_s: float = PROJECT_EPISODE_S) -> dict[str, float]:
-        episodes_per_s = gpus * slots / episode_s
-        idle = self.collector_core_pct + self.idle_core_pct_per_gpu * gpus
-        busy = self.redis_cpu_ms_per_episode * episodes_per_s / 10.0  # ms/s -> % of a core
-        running = self.running_core_pct_per_episode * gpus * slots
+        idle, busy, running = self._shares(gpus, slots, episode_s)
         return {"gpus": gpus, "slots": gpus * slots, "episode_s": episode_s,
-                "episodes_per_s": round(episodes_per_s, 1),
+                "episodes_per_s": round(gpus * slots / episode_s, 1),
                 "idle_calls_per_s": round(self.collector_calls_per_s
                                           + self.idle_calls_per_gpu_s * gpus),
                 "idle_core_pct": round(idle, 2), "busy_core_pct": round(busy, 2),
