@@ -20,7 +20,17 @@ run inside scripts included), ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) an
    median round is the figure (on a shared 2-core machine single rounds differ by
    tens of percent), every round is in the JSON.
 5. **Running**: every slot holding a long episode (its lease renewed every lease / 3),
-   for ``run_s``: the cost per running episode, the idle rate subtracted.
+   for ``run_s``: the calls and CPU per running episode, the idle rate subtracted (a
+   small difference of two readings: at 16 slots a GPU's leases cost Redis less than
+   its own timers move).
+6. **The renewals priced**: the running attempts' records copied under a scratch
+   farm's keys and renewed there by the ledger's own call, one call per worker process
+   with all its attempts (as its lease keeper sends them), ``RENEWAL_ROUNDS`` times over,
+   the running farm's rate subtracted: the Redis CPU of one attempt's renewal, times
+   the renewals a running attempt makes a second (one per lease / 3), is what a
+   running episode's lease costs; the projections take it. The same renewals are then
+   priced one attempt to a call (as each attempt's own renewal would be sent): what
+   renewing per attempt would cost, beside it.
 
 **The unit.** After each burst, :data:`~queue_rollout.lab.redis_info.UNIT_CALLS` trivial
 script calls one at a time on one connection (the idle rate subtracted): the Redis CPU
@@ -36,7 +46,8 @@ and logging each of them inflates it: a relative figure). Not in the per-episode
 figures above.
 
 Then the projections to farms of ``PROJECTIONS`` (GPUs, slots each, episode seconds):
-the collector + idle GPUs + busy (episodes/s x cost per episode) + running (leases), in
+the collector + idle GPUs + busy (episodes/s x cost per episode) + running (leases,
+priced), in
 units per second and as a share of a quiet core (``QUIET_CORE_UNITS_PER_S``; Redis runs
 commands on one thread), and, in ms, as a share of this run's core.
 """
@@ -62,7 +73,7 @@ from queue_rollout.errors import InvariantViolation
 from queue_rollout.lab.redis_info import UNIT_CALLS, Window, profiled, read, trivial_calls
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
-from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.core import Ledger, Renewal
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port, replica_of
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.scripts import script_names
@@ -71,6 +82,8 @@ from queue_rollout.procs import Supervised, cli_exe, stop_all
 PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
 #: The farms projected in units: (GPUs, slots per GPU, seconds per episode).
 PROJECTIONS = ((1024, 16, 10.0), (1024, 128, 30.0))
+#: Times each worker process's running attempts are renewed when the renewals are priced.
+RENEWAL_ROUNDS = 200
 #: Trivial calls a quiet core runs per second (one call costs it about 10 us of CPU).
 QUIET_CORE_UNITS_PER_S = 100_000.0
 #: What one Redis must stay under: per GPU idle, per episode, ...
@@ -106,6 +119,12 @@ class RedisLoadResult:
     # one more burst with every command in Redis's slow log: (calls, us) by command
     profile: dict[str, tuple[int, int]] = field(default_factory=dict)
     profile_episodes: int = 0
+    # the running attempts' renewals priced: the window, the attempt renewals it made,
+    # and the seconds between a running attempt's renewals (lease / 3)
+    renewals: Window | None = None
+    renewal_count: int = 0
+    renewal_period_s: float = 10.0
+    renewals_alone: Window | None = None  # the same renewals, one attempt to a call
 
     # -- per unit, above the empty server ---------------------------------------------
 
@@ -137,8 +156,7 @@ class RedisLoadResult:
 
     def _above_idle(self, w: Window) -> tuple[float, float]:
         """(calls, cpu seconds) of *w* above the idle farm's rates."""
-        return (sum(w.calls.values()) - self.idle.calls_per_s * w.seconds,
-                w.cpu_s - self.idle.cpu_s / self.idle.seconds * w.seconds)
+        return _above(w, self.idle)
 
     @property
     def rounds_cpu_ms_per_episode(self) -> list[float]:
@@ -166,6 +184,30 @@ class RedisLoadResult:
     def running_core_pct_per_episode(self) -> float:
         return (100.0 * self._above_idle(self.running)[1] / self.running.seconds
                 / self.running_episodes)
+
+    def _renewal_ms(self, w: Window | None) -> float | None:
+        if w is None or not self.renewal_count:
+            return None
+        return 1000.0 * _above(w, self.running)[1] / self.renewal_count
+
+    @property
+    def renewal_ms(self) -> float | None:
+        """Redis CPU ms of one attempt's lease renewal, priced (the running farm's rate
+        subtracted); None where the renewals were not priced."""
+        return self._renewal_ms(self.renewals)
+
+    @property
+    def renewal_alone_ms(self) -> float | None:
+        """The same, each attempt renewed in a call of its own."""
+        return self._renewal_ms(self.renewals_alone)
+
+    @property
+    def lease_core_pct_per_episode(self) -> float:
+        """% of a core a running episode's lease costs: the priced renewal at one per
+        lease / 3; the running window's figure where the renewals were not priced."""
+        if self.renewal_ms is None:
+            return self.running_core_pct_per_episode
+        return self.renewal_ms / self.renewal_period_s / 10.0  # ms/s -> %
 
     # -- in trivial-call units -----------------------------------------------------------
 
@@ -198,6 +240,18 @@ class RedisLoadResult:
     def running_units_per_episode_s(self) -> float:
         return self._units_per_s(self.running_core_pct_per_episode)
 
+    @property
+    def renewal_units(self) -> float | None:
+        return None if self.renewal_ms is None else self.renewal_ms / self.unit_ms
+
+    @property
+    def renewal_alone_units(self) -> float | None:
+        return None if self.renewal_alone_ms is None else self.renewal_alone_ms / self.unit_ms
+
+    @property
+    def lease_units_per_episode_s(self) -> float:
+        return self._units_per_s(self.lease_core_pct_per_episode)
+
     def projection_units(self, gpus: int, slots: int, episode_s: float) -> dict[str, float]:
         """A farm of *gpus* x *slots* with *episode_s* episodes in units per second: idle
         (the collector's included), busy and running (leases), their sum as a share of a
@@ -229,7 +283,7 @@ class RedisLoadResult:
         included), busy and running (leases), each in % of this run's core."""
         idle = self.collector_core_pct + self.idle_core_pct_per_gpu * gpus
         busy = self.redis_cpu_ms_per_episode * gpus * slots / episode_s / 10.0  # ms/s -> %
-        running = self.running_core_pct_per_episode * gpus * slots
+        running = self.lease_core_pct_per_episode * gpus * slots
         return idle, busy, running
 
     def projection(self, gpus: int = PROJECT_GPUS, slots: int = PROJECT_SLOTS,
@@ -286,9 +340,24 @@ class RedisLoadResult:
             "idle_units_per_gpu_s": round(self.idle_units_per_gpu_s, 3),
             "units_per_episode": round(self.units_per_episode, 2),
             "running_units_per_episode_s": round(self.running_units_per_episode_s, 4),
+            "renewal_count": self.renewal_count,
+            "renewal_period_s": self.renewal_period_s,
+            "renewal_us": None if self.renewal_ms is None
+            else round(1000.0 * self.renewal_ms, 3),
+            "renewal_units": None if self.renewal_units is None
+            else round(self.renewal_units, 4),
+            "renewal_alone_units": None if self.renewal_alone_units is None
+            else round(self.renewal_alone_units, 4),
+            "lease_units_per_episode_s": round(self.lease_units_per_episode_s, 4),
             "projections_units": [self.projection_units(*p) for p in PROJECTIONS],
             "episode_profile": dict(list(self.episode_profile().items())[:20]),
         }
+
+
+def _above(w: Window, ref: Window) -> tuple[float, float]:
+    """(calls, cpu seconds) of *w* above *ref*'s rates."""
+    return (sum(w.calls.values()) - ref.calls_per_s * w.seconds,
+            w.cpu_s - ref.cpu_s / ref.seconds * w.seconds)
 
 
 def _median_max(values: list[float]) -> dict[str, float]:
@@ -368,6 +437,10 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
                                script_names())
             progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
             running, held = _running(client, meter, gpus * slots, run_s)
+            progress(f"redis-load: the running attempts' renewals priced, {RENEWAL_ROUNDS} "
+                     "rounds")
+            renewals, renewed = _priced_renewals(client, meter, config, together=True)
+            one_each, _ = _priced_renewals(client, meter, config, together=False)
         finally:
             stop.set()
             farm.stop()
@@ -375,7 +448,10 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
     return RedisLoadResult(gpus, slots, baseline, idle, connections, bursts, episodes,
                            running, held, alone, alone_clients, pauses, resumes,
                            wait_replicas, replicas, placement, units=units,
-                           profile=profile, profile_episodes=episodes)
+                           profile=profile, profile_episodes=episodes,
+                           renewals=renewals, renewal_count=renewed,
+                           renewals_alone=one_each,
+                           renewal_period_s=config.timeouts.lease / 3)
 
 
 def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
@@ -479,6 +555,41 @@ def _running(client: RolloutClient, meter: redis.Redis, slots: int, run_s: float
     return Window.between(a, b), slots
 
 
+def _priced_renewals(client: RolloutClient, meter: redis.Redis, config: Config, *,
+                     together: bool, rounds: int = RENEWAL_ROUNDS) -> tuple[Window, int]:
+    """The running attempts' records copied under a scratch farm's keys and renewed
+    there by the ledger's own call, *rounds* times: one call per worker with all its
+    attempts (*together*), else one call per attempt; Redis's counters over the
+    renewals and how many attempt renewals they were. The scratch keys are deleted
+    after."""
+    running = {}
+    for aid, raw in client.ledger.client.hgetall(client.ledger.keys.attempts).items():
+        record = json.loads(raw)
+        if record.get("state") == "running":
+            running[aid.decode() if isinstance(aid, bytes) else aid] = (raw, record)
+    by_worker: dict[str, list[tuple[str, int]]] = {}
+    for aid, (_, record) in running.items():
+        by_worker.setdefault(record["worker"], []).append((aid, int(record.get("seq", 0))))
+    scratch = Ledger(client.ledger.client, f"{config.farm.name}-priced-renewals",
+                     config.rollout)
+    lease = float(config.timeouts.lease)
+    try:
+        if running:
+            scratch.client.hset(scratch.keys.attempts,
+                                mapping={aid: raw for aid, (raw, _) in running.items()})
+        a = read(meter)
+        for n in range(1, rounds + 1):
+            for worker, attempts in by_worker.items():
+                renewals = [Renewal(aid, seq + n, n) for aid, seq in attempts]
+                for call in [renewals] if together else [[r] for r in renewals]:
+                    scratch.renew(worker, lease, call)
+        b = read(meter)
+    finally:
+        if left := list(scratch.client.scan_iter(match=scratch.keys.prefix + "*")):
+            scratch.client.delete(*left)
+    return Window.between(a, b), rounds * len(running)
+
+
 def redis_load_text(r: dict[str, Any]) -> str:
     p = r["projection"]
     lines = [
@@ -503,7 +614,14 @@ def redis_load_text(r: dict[str, Any]) -> str:
         + ", ".join(f"{v:.3f}" for v in r["rounds_cpu_ms_per_episode"])
         + f") = {r['units_per_episode']:.2f} units (target <= 10)",
         f"  core % per running episode    {r['running_core_pct_per_episode']:10.6f}   "
-        f"(target <= 0.001) = {r['running_units_per_episode_s']:.3f} units/s (target <= 0.1)",
+        f"(the window's, noisy) = {r['running_units_per_episode_s']:.3f} units/s",
+        f"  a running episode's lease     {r['lease_units_per_episode_s']:10.4f}   units/s "
+        "(target <= 0.1): " + (
+            f"one attempt's renewal {r['renewal_us']:.2f} us = {r['renewal_units']:.3f} units "
+            f"({r['renewal_count']:,} priced, all of a process's in one call; "
+            f"{r['renewal_alone_units']:.3f} units each in a call of its own), one per "
+            f"{r['renewal_period_s']:g} s"
+            if r["renewal_us"] is not None else "the running window's (not priced)"),
         f"  projection, {p['gpus']} GPUs x {p['slots'] // p['gpus']} slots, "
         f"{p['episode_s']:g} s episodes ({p['episodes_per_s']:g} episodes/s): idle "
         f"{p['idle_core_pct']:.1f}% (the collector's included), "

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from queue_rollout.lab.bench.redis_load import (
+    RENEWAL_ROUNDS,
     RedisLoadResult,
     redis_load_text,
     run_redis_load_bench,
@@ -64,6 +65,33 @@ def test_per_gpu_per_episode_and_projection_arithmetic():
     assert [(x["gpus"], x["slots_per_gpu"]) for x in out["projections_units"]] == [
         (1024, 16), (1024, 128)]
     assert "units/s" in redis_load_text(out)
+    # not priced: a running episode's lease is the running window's figure
+    assert out["renewal_us"] is None
+    assert r.lease_units_per_episode_s == pytest.approx(r.running_units_per_episode_s)
+
+
+def test_priced_renewals_give_the_lease_term():
+    r = RedisLoadResult(
+        gpus=4, slots_per_gpu=16, baseline=window(10, 0.01, ping=10),
+        idle=window(10, 0.03, ping=10, hset=30), connections=40,
+        bursts=[window(2, 0.016, hset=808)], burst_episodes=100,
+        running=window(10, 0.0364, ping=10, hset=30, evalsha=64),  # 3.64 ms/s
+        running_episodes=64,
+        units=[window(2, 0.106, evalsha=10_000)],  # the unit: 10 us
+        # 2 s at the running rate (7.28 ms) and 12.8 ms more for 6,400 renewals: 2 us each
+        renewals=window(2, 0.02008, evalsha=400), renewal_count=6_400, renewal_period_s=10.0,
+        # one attempt to a call: 6,400 calls, 64 ms above the running rate, 10 us each
+        renewals_alone=window(2, 0.07128, evalsha=6_400))
+    assert r.renewal_ms == pytest.approx(0.002)
+    assert r.renewal_units == pytest.approx(0.2)
+    assert r.lease_units_per_episode_s == pytest.approx(0.02)  # one renewal per 10 s
+    assert r.lease_core_pct_per_episode == pytest.approx(0.00002)
+    u = r.projection_units(gpus=1024, slots=128, episode_s=30)
+    assert u["running_units_per_s"] == round(0.02 * 1024 * 128)
+    out = r.as_json()
+    assert (out["renewal_us"], out["renewal_units"]) == (2.0, 0.2)
+    assert r.renewal_alone_ms == pytest.approx(0.01) and out["renewal_alone_units"] == 1.0
+    assert "one attempt's renewal 2.00 us" in redis_load_text(out)
 
 
 def test_the_collector_counts_once_per_farm_not_once_per_gpu():
@@ -118,6 +146,12 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
     assert "wait" not in out["episode_commands"]  # followed, not waited for
     assert out["projection"]["gpus"] == 1024
     assert {"median"} <= set(out["pause_barrier_s"]) and {"median"} <= set(out["resume_s"])
+    # every running attempt's renewal priced, once per round, on keys deleted after
+    assert out["renewal_count"] == 8 * RENEWAL_ROUNDS and out["renewal_us"] is not None
+    assert res.renewals is not None and res.renewals.calls.get("evalsha", 0) >= RENEWAL_ROUNDS
+    assert res.renewals_alone is not None
+    assert res.renewals_alone.calls.get("evalsha", 0) >= 8 * RENEWAL_ROUNDS
+    assert res.collector.calls.get("evalsha", 0) < RENEWAL_ROUNDS  # its own window
     assert "commands per episode" in redis_load_text(out)
     # the unit, after each burst: its trivial calls counted, its figure their median
     assert len(res.units) == 2 and all(w.calls.get("evalsha", 0) >= 10_000 for w in res.units)
