@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_tiny import LONG_TOKENS, task_prompts
+from grpo_tiny import task_prompts
 from learning_stats import (
     TAKE_OFF_REWARD,
     TAKE_OFF_WINDOW,
@@ -34,6 +34,7 @@ from learning_stats import (
     detectable_share_difference,
     km_median,
     logrank,
+    mean_se,
     take_off,
     trailing_mean,
 )
@@ -91,51 +92,66 @@ def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def order_rows(run: dict[str, Any], group_size: int = 16) -> dict[str, Any] | None:
     """Which prompts one run's trainer got, in what order, beside what was submitted:
-    the long members per group (consumed and submitted), the consumed groups' reward,
-    the rank correlation of submission and consumption order, and the delay from
-    submission to delivery of groups with and without a long member."""
+    per group consumed and submitted its mean output length per member (the task's
+    assigned lengths, which the episodes produce exactly), per consumed group its reward
+    and its delay from submission to delivery; how many came from the first that many
+    submitted, the rank correlation of submission and consumption order, and that of a
+    consumed group's length and its delay."""
     if not run.get("submitted") or not run.get("got_s"):
         return None
     prompts = task_prompts(run["submitted"], run["seed"] + 1, f"train-s{run['seed']}",
                            group_size)
-    longs = {p["id"]: sum(n == LONG_TOKENS for n in p["lengths"]) for p in prompts}
+    length = {p["id"]: statistics.fmean(p["lengths"]) for p in prompts}
     index = {p["id"]: i for i, p in enumerate(prompts)}
     consumed = [(g, k) for k, ids in enumerate(run["groups"]) for g in ids]
-    rewards = [r for rs in run["group_rewards"] for r in rs]
-    delays = {g: run["got_s"][k] for g, k in consumed}
     first = set(list(index)[:len(consumed)])
-    with_long = [delays[g] for g, _ in consumed if longs[g]]
-    without = [delays[g] for g, _ in consumed if not longs[g]]
-    return {"consumed": len(consumed), "submitted": run["submitted"],
+    return {"submitted": run["submitted"], "consumed": len(consumed),
             "from_first": sum(g in first for g, _ in consumed),
-            "long_consumed": statistics.fmean(longs[g] for g, _ in consumed),
-            "long_submitted": statistics.fmean(longs.values()),
-            "reward": statistics.fmean(rewards),
+            "length_consumed": [length[g] for g, _ in consumed],
+            "length_submitted": list(length.values()),
+            "reward": [r for rs in run["group_rewards"] for r in rs],
+            "delay": [run["got_s"][k] for _, k in consumed],
             "tau": kendall_tau([index[g] for g, _ in consumed], list(range(len(consumed)))),
-            "delay_long": statistics.median(with_long) if with_long else math.nan,
-            "delay_short": statistics.median(without) if without else math.nan}
+            "length_delay_tau": kendall_tau([length[g] for g, _ in consumed],
+                                            [run["got_s"][k] for _, k in consumed])}
+
+
+def interval(values: Sequence[float]) -> str:
+    """``mean (low-high)``: the mean and its normal 95% interval."""
+    mean, se = mean_se(values)
+    return f"{mean:.2f} ({mean - 1.96 * se:.2f}-{mean + 1.96 * se:.2f})"
 
 
 def order_report(runs: Sequence[dict[str, Any]]) -> str:
-    """Per arm, the mean over its runs of :func:`order_rows`."""
-    lines = ["| arm | runs | consumed of submitted | consumed from the first that many "
-             "submitted | long members per group, consumed / submitted | consumed groups' "
-             "reward | rank correlation, submission and consumption | median delay, "
-             "groups with / without a long member (s) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """Per arm, its runs' :func:`order_rows` pooled: the groups' mean output length
+    per member consumed against submitted and the consumed groups' reward (each a
+    mean over the groups with its normal 95% interval), the delay from submission
+    to delivery (median and 90th percentile), how many came from the first that many
+    submitted and the rank correlations (means over the runs)."""
+    lines = ["| arm | runs | consumed of submitted | output tokens per member, consumed "
+             "groups (95%) | the same, submitted groups | consumed groups' reward (95%) "
+             "| delay to delivery, median / 90th percentile (s) | consumed from the first "
+             "that many submitted | rank correlation, submission and consumption order | "
+             "rank correlation, a group's length and its delay |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     arms: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         row = order_rows(r)
         if row is not None:
             arms.setdefault(r["arm"], []).append(row)
     for arm, rows in sorted(arms.items()):
+        def pooled(key: str, rows: list[dict[str, Any]] = rows) -> list[Any]:
+            return [v for x in rows for v in x[key]]
+
         def mean(key: str, rows: list[dict[str, Any]] = rows) -> float:
             return statistics.fmean(x[key] for x in rows)
-        lines.append(f"| {arm} | {len(rows)} | {mean('consumed'):.0f} of "
-                     f"{mean('submitted'):.0f} | {mean('from_first'):.1f} | "
-                     f"{mean('long_consumed'):.2f} / {mean('long_submitted'):.2f} | "
-                     f"{mean('reward'):.3f} | {mean('tau'):.3f} | {mean('delay_long'):.1f} / "
-                     f"{mean('delay_short'):.1f} |")
+        delays = sorted(pooled("delay"))
+        lines.append(
+            f"| {arm} | {len(rows)} | {mean('consumed'):.0f} of {mean('submitted'):.0f} | "
+            f"{interval(pooled('length_consumed'))} | {interval(pooled('length_submitted'))} | "
+            f"{interval(pooled('reward'))} | {statistics.median(delays):.1f} / "
+            f"{delays[int(0.9 * (len(delays) - 1))]:.1f} | {mean('from_first'):.1f} | "
+            f"{mean('tau'):.3f} | {mean('length_delay_tau'):.3f} |")
     return "\n".join(lines) if arms else ""
 
 

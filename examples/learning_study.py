@@ -19,7 +19,9 @@ stopped after: a run that fails leaves nothing behind for the next. Each line ho
 run's sampled reward and policy movement (mean per-token KL between consecutive steps
 on the held-out prompts) per step, its take-off step (the first whose reward averaged
 over 5 steps reaches 0.5; null: not within the run) and its greedy evaluation. A run
-already in the file is skipped; the runs go seed by seed, the arms alternating.
+already in the file is skipped; the runs go seed by seed, the arms alternating. A file
+``STOP`` in the work folder stops the study before its next run (the one running ends
+first); started again, it goes on where it stopped.
 
 Run it in SGLang's venv (torch and TRL, this checkout installed there) with two
 replicas of the tiny model serving (``tests/real_engine/server.py``)::
@@ -211,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         redis.start()
     try:
         for n, (arm, seed) in enumerate(todo, 1):
+            if (args.workdir / "STOP").exists():
+                print(f"{args.workdir / 'STOP'} found: stopped before {arm} seed {seed}",
+                      flush=True)
+                break
             started = time.monotonic()
             line = run_one(arm, seed, args, redis)
             with args.out.open("a") as f:

@@ -148,19 +148,27 @@ def test_the_report_tables_each_run_each_arm_and_each_pair(report, stats):
 def test_the_order_report_finds_which_prompts_the_trainer_got(report):
     grpo = sys.modules["grpo_tiny"]
     prompts = grpo.task_prompts(12, 5 + 1, "train-s5", 16)
-    longs = [sum(n == grpo.LONG_TOKENS for n in p["lengths"]) for p in prompts]
-    # consumed: every group without a long member first, then two with; 4 a step
-    order = ([p["id"] for p, n in zip(prompts, longs, strict=True) if not n]
-             + [p["id"] for p, n in zip(prompts, longs, strict=True) if n])[:8]
+    lengths = [sum(p["lengths"]) / 16 for p in prompts]
+    ids = [p["id"] for p in prompts]
+    # consumed: every group without a long member first, then those with; 4 a step
+    order = ([i for i, n in zip(ids, lengths, strict=True) if n == grpo.ANSWER_TOKENS]
+             + [i for i, n in zip(ids, lengths, strict=True) if n > grpo.ANSWER_TOKENS])[:8]
     line = {"arm": "x", "seed": 5, "submitted": 12, "groups": [order[:4], order[4:]],
             "group_rewards": [[0.5] * 4, [0.25] * 4], "got_s": [3.0, 7.0]}
     row = report.order_rows(line)
-    assert row["consumed"] == 8 and row["reward"] == 0.375
-    assert row["long_submitted"] == sum(longs) / 12
-    assert row["long_consumed"] == sum(longs[int(g[-5:])] for g in order) / 8
-    ids = [p["id"] for p in prompts]
+    assert row["consumed"] == 8 and row["reward"] == [0.5] * 4 + [0.25] * 4
+    assert row["length_submitted"] == lengths
+    assert row["length_consumed"] == [lengths[ids.index(g)] for g in order]
+    assert row["delay"] == [3.0] * 4 + [7.0] * 4
+    assert row["length_delay_tau"] == report.kendall_tau(row["length_consumed"], row["delay"])
     assert row["from_first"] == sum(g in ids[:8] for g in order)
     assert row["tau"] == report.kendall_tau([ids.index(g) for g in order], list(range(8)))
     assert report.kendall_tau([1, 2, 3], [1, 2, 3]) == 1.0
     assert report.kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
-    assert "| x | 1 | 8 of 12 |" in report.order_report([line])
+    text = report.order_report([line, {**line, "seed": 5}])
+    assert "| x | 2 | 8 of 12 |" in text
+    assert f"| {report.interval(row['length_consumed'] * 2)} |" in text
+    assert "| 0.38 (0.31-0.44) |" in text  # rewards 0.5 and 0.25, 8 of each: SE 0.0323
+    assert "| 5.0 / 7.0 |" in text  # the delays' median and 90th percentile
+    with pytest.raises(ValueError):
+        report.interval([1.0])

@@ -44,3 +44,11 @@ def test_the_study_runs_each_arm_once_per_seed_and_resumes(
     assert again.returncode == 0, again.stderr[-3000:]
     assert "3 run(s) in" in again.stdout and "0 to go" in again.stdout
     assert len(out.read_text().splitlines()) == 3
+    # a STOP file in the work folder: the study stops before its next run
+    (tmp_path / "runs" / "STOP").touch()
+    seed_2 = [*command]
+    seed_2[seed_2.index("--seeds") + 1] = "2"
+    stopped = subprocess.run(seed_2, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "3 to go" in stopped.stdout and "stopped before grpo-farm seed 2" in stopped.stdout
+    assert len(out.read_text().splitlines()) == 3
