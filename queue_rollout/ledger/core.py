@@ -215,7 +215,7 @@ class Ledger:
         k = self.keys
         reply = self._call(
             "start", [k.counters, k.attempts, k.leases, k.prompts, k.state,
-                      k.replica_free, k.replica_load, k.placed, k.progress],
+                      k.replica_free, k.replica_load, k.placed],
             aid, worker, replica, boot, repr(float(lease_s)), self._call_id(),
         )
         if _s(reply[0]) == "started":
@@ -237,8 +237,8 @@ class Ledger:
         for r in attempts:
             args += [r.aid, r.seq, r.tokens, "" if r.rid == r.aid else r.rid,
                      "1" if r.tool else "0"]
-        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt, k.history,
-                                        k.progress], *args)
+        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt, k.history],
+                           *args)
         return [Answer(_s(status), reason=_s(reason) if _s(status) == "ignored" else "")
                 for status, reason in zip(reply[::2], reply[1::2], strict=True)]
 
@@ -262,7 +262,7 @@ class Ledger:
             "finish",
             [k.counters, k.attempts, k.groups, k.results, k.leases, k.doubt, k.events,
              k.observations, k.shape_parts, k.shapes, k.replica_free, k.replica_load,
-             k.history, k.progress],
+             k.history],
             aid, member, outcome, output_tokens, result, reason, max(0, prefill_computed),
             max(0, prefill_cached), self._call_id(), max(0, turns),
             ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds), shape, SHAPES_KEPT,
@@ -272,8 +272,7 @@ class Ledger:
         """A running attempt may or may not still run: it keeps its slot."""
         k = self.keys
         return self._answer(
-            "doubt", [k.counters, k.attempts, k.leases, k.doubt, k.history, k.progress], aid,
-            cause,
+            "doubt", [k.counters, k.attempts, k.leases, k.doubt, k.history], aid, cause,
         )
 
     def retry(
@@ -286,7 +285,7 @@ class Ledger:
         return self._answer(
             "retry",
             [k.counters, k.attempts, k.groups, k.outbox, k.leases, k.doubt, k.events,
-             k.replica_free, k.replica_load, k.placed, k.history, k.progress],
+             k.replica_free, k.replica_load, k.placed, k.history],
             aid, new_attempt_id(), resolution, cause, self.rollout.max_attempts,
             repr(float(doubt_s)),
         )

@@ -209,23 +209,10 @@ def _check_batches(client: redis.Redis, keys: Keys, groups: dict[str, GroupRecor
             report.problems.append(f"group {gid}: delivered, but no batch holds it")
 
 
-def _progress_lease(entry: bytes) -> float | None:
-    """The lease of a running attempt's progress entry (``seq|tool|tokens|lease|rid|
-    worker``), None where it does not parse."""
-    parts = entry.decode(errors="replace").split("|", 5)
-    try:
-        return float(parts[3]) if len(parts) == 6 else None
-    except ValueError:
-        return None
-
-
 def repair(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     """Rewrite the derived counters, the lease/doubt sets, the replicas' load and free
-    slots, the placed set and an out-of-range budget baseline from the records (a
-    running attempt's lease from its progress entry, where it has one; the entries of
-    attempts no longer running are taken off)."""
+    slots, the placed set and an out-of-range budget baseline from the records."""
     report = examine(client, keys, batch_size)
-    entries = {aid: _progress_lease(raw) for aid, raw in _scan(client, keys.progress)}
     pipe = client.pipeline(transaction=True)
     if report.orphan_results:
         pipe.hdel(keys.results, *report.orphan_results)
@@ -251,17 +238,11 @@ def repair(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
         pipe.zadd(keys.replica_free, free)
     if report.placed:
         pipe.zadd(keys.placed, report.placed)
-    running = set()
     for aid, raw in _scan(client, keys.attempts):
         a = decode_attempt(raw)
-        lease = entries.get(aid) or a.lease
-        if a.state == "running":
-            running.add(aid)
-            if lease is not None:
-                pipe.zadd(keys.leases, {aid: lease})
+        if a.state == "running" and a.lease is not None:
+            pipe.zadd(keys.leases, {aid: a.lease})
         elif a.state == "doubtful" and a.doubt_at is not None:
             pipe.zadd(keys.doubt, {aid: a.doubt_at})
-    if stale := [aid for aid in entries if aid not in running]:
-        pipe.hdel(keys.progress, *stale)
     pipe.execute()
     return report

@@ -116,12 +116,6 @@ class Keys:
         return self._k("leases")
 
     @property
-    def progress(self) -> str:
-        """Hash running attempt id -> ``seq|tool|tokens|lease|rid|worker``: what a lease
-        renewal reads and writes instead of the attempt's record."""
-        return self._k("progress")
-
-    @property
     def doubt(self) -> str:
         """Sorted set doubtful attempt id -> doubtful since."""
         return self._k("doubt")

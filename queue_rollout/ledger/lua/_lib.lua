@@ -12,11 +12,6 @@
 --                  the tool_wait counter)
 --                  pl: true in a farm that places groups (its load is counted on a
 --                  replica); p: the worker whose queue a queued attempt waits on
---                  seq, tokens, lease: a running attempt's keep theirs in the progress
---                  hash (below), copied here when it leaves running
---   progress[aid]  'seq|tool|tokens|lease|rid|worker' of a running attempt: what a
---                  lease renewal reads and writes, so that it neither decodes nor
---                  rewrites the record (worker last: it may hold any character)
 -- Group states:   in_flight -> complete -> accepted -> delivered -> consumed | rejected
 -- Attempt states: queued -> running -> doubtful -> finished | failed | stopped | lost
 -- A member's current attempt is its one attempt not stopped or lost; the member has
@@ -51,36 +46,12 @@ local function ignored(counters, reason)
   return {'ignored', reason}
 end
 
--- A running attempt's entry in the progress hash, and the entry read back (nil for
--- none, or one that does not parse).
-local function progress_entry(seq, tool, tokens, lease, rid, worker)
-  return seq .. '|' .. tool .. '|' .. tokens .. '|' .. lease .. '|' .. rid .. '|' .. worker
-end
-
-local function read_progress(progress, aid)
-  local entry = redis.call('HGET', progress, aid)
-  if not entry then return nil end
-  local seq, tool, tokens, lease, rid, worker =
-    string.match(entry, '^(%d+)|([01])|(%d+)|([^|]*)|([^|]*)|(.*)$')
-  if not seq then return nil end
-  return {seq = tonumber(seq), tool = tool, tokens = tonumber(tokens),
-          lease = tonumber(lease), rid = rid, worker = worker}
-end
-
--- Take an attempt out of the live sets (running or doubtful) and fix their counters;
--- a running attempt's progress entry leaves too, its sequence number, tokens and lease
--- kept in the record (a late duplicate report is still known as one).
-local function leave_live_state(counters, leases, doubt, progress, aid, a)
+-- Take an attempt out of the live sets (running or doubtful) and fix their counters.
+local function leave_live_state(counters, leases, doubt, aid, a)
   if a.state == 'running' then
     bump(counters, 'running', -1)
     if a.tool then bump(counters, 'tool_wait', -1) end
     redis.call('ZREM', leases, aid)
-    local p = read_progress(progress, aid)
-    if p then
-      a.seq, a.tokens, a.lease = p.seq, p.tokens, p.lease
-      if p.rid ~= '' then a.rid = p.rid end
-    end
-    redis.call('HDEL', progress, aid)
   elseif a.state == 'doubtful' then
     bump(counters, 'doubtful', -1)
     redis.call('ZREM', doubt, aid)

@@ -8,7 +8,6 @@
 -- KEYS[3] = leases sorted set
 -- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
 -- KEYS[5] = history hash (group id -> its story, for `trace`)
--- KEYS[6] = progress hash (running attempt id -> its renewal state)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = cause (lease_expired, worker_lost, generate_error, ...)
@@ -20,7 +19,7 @@ local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
 if a.state ~= 'running' then return ignored(counters, ended_reason(a)) end
 
-leave_live_state(counters, KEYS[3], KEYS[4], KEYS[6], aid, a)
+leave_live_state(counters, KEYS[3], KEYS[4], aid, a)
 a.state = 'doubtful'
 a.doubt_at = now
 a.cause = ARGV[3]

@@ -17,7 +17,6 @@
 -- KEYS[11] = replica free slots sorted set (placement)
 -- KEYS[12] = replica load hash (placement)
 -- KEYS[13] = history hash (group id -> its story, for `trace`)
--- KEYS[14] = progress hash (running attempt id -> its renewal state)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = member index the worker ran
@@ -61,7 +60,7 @@ history_add(KEYS[13], a.g, {e = 'finished', t = now, a = aid, m = a.m, n = a.n, 
   w = a.worker, r = a.replica, st = a.started_at, v = a.v,
   why = outcome == 'failed' and ARGV[7] or nil, late = a.state == 'doubtful' or nil})
 
-leave_live_state(counters, KEYS[5], KEYS[6], KEYS[14], aid, a)
+leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 if a.pl then replica_load({free = KEYS[11], load = KEYS[12]}, a.worker, -1) end
 a.state = outcome
 a.ended_at = now

@@ -1,8 +1,5 @@
 -- progress.lua: heartbeat and progress of running attempts: renews each one's lease and
 -- records its tokens so far. A worker process renews all of its attempts in one call.
--- A running attempt's renewal reads and writes its progress entry and its lease only;
--- its record is read and written when the report changes more (a tool wait begins or
--- ends, a new request is in flight, a doubt is resolved) or the attempt has no entry.
 -- Each report carries a sequence number; a report not newer than the attempt's last
 -- one is a duplicate and changes nothing. A report from a doubtful attempt proves it
 -- still runs: it is running again (doubt resolved, no retry).
@@ -12,7 +9,6 @@
 -- KEYS[3] = leases sorted set
 -- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
 -- KEYS[5] = history hash (group id -> its story, for `trace`: a doubt resolved here)
--- KEYS[6] = progress hash (running attempt id -> 'seq|tool|tokens|lease|rid|worker')
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = worker id
 -- ARGV[3] = lease length (seconds)
@@ -24,32 +20,20 @@
 --         'ok' | 'revived' (with '') | 'ignored' with the reason
 
 local counters, attempts, leases, doubt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local progress = KEYS[6]
 local now, worker, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
 local function renew(aid, seq, tokens, rid, tool)
-  local expiry = now + lease
-  local p = read_progress(progress, aid)
-  if p then  -- running
-    if p.worker ~= worker then return ignored(counters, 'wrong worker') end
-    if seq <= p.seq then return ignored(counters, 'duplicate progress') end
-    if p.tool == tool and (rid == '' or rid == p.rid) then
-      redis.call('HSET', progress, aid, progress_entry(seq, tool, tokens, expiry, p.rid, worker))
-      redis.call('ZADD', leases, expiry, aid)
-      return {'ok', ''}
-    end
-  end
   local a = get_json(attempts, aid)
   if not a then return ignored(counters, 'unknown attempt') end
   if a.state ~= 'running' and a.state ~= 'doubtful' then
     return ignored(counters, ended_reason(a))
   end
   if a.worker ~= worker then return ignored(counters, 'wrong worker') end
-  if not p and seq <= (a.seq or 0) then return ignored(counters, 'duplicate progress') end
+  if seq <= a.seq then return ignored(counters, 'duplicate progress') end
   local waited = a.state == 'running' and a.tool  -- counted in tool_wait before
   local status = 'ok'
   if a.state == 'doubtful' then
-    leave_live_state(counters, leases, doubt, progress, aid, a)
+    leave_live_state(counters, leases, doubt, aid, a)
     a.state = 'running'
     a.doubt_at = nil
     a.cause = nil
@@ -63,11 +47,9 @@ local function renew(aid, seq, tokens, rid, tool)
   if tool == '1' then a.tool = true else a.tool = nil end
   if a.tool and not waited then bump(counters, 'tool_wait', 1) end
   if waited and not a.tool then bump(counters, 'tool_wait', -1) end
-  a.lease = expiry
+  a.lease = now + lease
   put_json(attempts, aid, a)
-  redis.call('HSET', progress, aid,
-             progress_entry(seq, a.tool and '1' or '0', tokens, expiry, a.rid or '', worker))
-  redis.call('ZADD', leases, expiry, aid)
+  redis.call('ZADD', leases, a.lease, aid)
   return {status, ''}
 end
 

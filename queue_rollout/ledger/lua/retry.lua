@@ -17,7 +17,6 @@
 -- KEYS[9] = replica load hash (placement)
 -- KEYS[10] = placed sorted set (placement)
 -- KEYS[11] = history hash (group id -> its story, for `trace`)
--- KEYS[12] = progress hash (running attempt id -> its renewal state)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = new attempt id
@@ -51,7 +50,7 @@ end
 -- attempt, none when the episode fails)
 local story = {e = 'retried', t = now, a = aid, m = a.m, n = a.n, res = resolution,
   c = ARGV[5], w = a.worker, r = a.replica, st = a.started_at, v = a.v, ds = a.doubt_at}
-leave_live_state(counters, KEYS[5], KEYS[6], KEYS[12], aid, a)
+leave_live_state(counters, KEYS[5], KEYS[6], aid, a)
 local r = {free = KEYS[8], load = KEYS[9], placed = KEYS[10]}
 if a.pl then replica_load(r, a.worker, -1) end
 local stops = a.stops + 1

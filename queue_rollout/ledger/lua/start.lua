@@ -9,7 +9,6 @@
 -- KEYS[6] = replica free slots sorted set (placement)
 -- KEYS[7] = replica load hash (placement)
 -- KEYS[8] = placed sorted set (placement)
--- KEYS[9] = progress hash (running attempt id -> 'seq|tool|tokens|lease|rid|worker')
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = attempt id
 -- ARGV[3] = worker id
@@ -59,6 +58,5 @@ if ARGV[7] ~= '' then a.call = ARGV[7] end
 a.v = tonumber(redis.call('HGET', KEYS[5], 'version') or '0')
 put_json(KEYS[2], aid, a)
 redis.call('ZADD', KEYS[3], a.lease, aid)
-redis.call('HSET', KEYS[9], aid, progress_entry(0, '0', 0, a.lease, '', ARGV[3]))
 bump(counters, 'running', 1)
 return {'started', a.g, a.m, a.n, redis.call('HGET', KEYS[4], a.g) or '', a.v}

@@ -3,7 +3,6 @@ and each operation's edge cases."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -258,83 +257,6 @@ def test_progress_renews_the_lease_and_revives_a_doubtful_attempt(make_ledger, c
     assert ledger.progress(aid, "w", 2, 30, 11).status == "revived"
     c = ledger.counters()
     assert (c["running"], c["doubtful"]) == (1, 0)
-
-
-def test_a_renewal_leaves_the_record_alone_until_the_report_changes_more(make_ledger, clock):
-    """A running attempt's renewal writes its progress entry and its lease, not its
-    record; a tool wait, a new request or a doubt goes through the record; the last
-    sequence number stays known when the attempt leaves running."""
-    ledger = make_ledger(group_size=1, max_concurrent_samples=1)
-    k = ledger.keys
-    ledger.submit(trivial_prompts(1))
-    aid = admit_groups(ledger, 1)[0].attempt_ids[0]
-    ledger.start(aid, "w|1", "r", "b", 30)  # a worker id may hold the separator
-    record = ledger.client.hget(k.attempts, aid)
-    for seq in (1, 2, 3):
-        clock.advance(5)
-        assert ledger.progress(aid, "w|1", seq, 30, 10 * seq).status == "ok"
-    assert ledger.client.hget(k.attempts, aid) == record
-    assert ledger.client.hget(k.progress, aid) == f"3|0|30|{clock.now + 30:.0f}||w|1".encode()
-    assert ledger.client.zscore(k.leases, aid) == pytest.approx(clock.now + 30)
-    assert ledger.progress(aid, "w|1", 3, 30, 40).reason == "duplicate progress"
-    assert ledger.progress(aid, "w", 4, 30, 40).reason == "wrong worker"
-    # a tool wait begins: the record says so, and the counter counts it once
-    assert ledger.progress(aid, "w|1", 4, 30, 40, tool=True).status == "ok"
-    assert ledger.progress(aid, "w|1", 5, 30, 40, tool=True).status == "ok"
-    assert json.loads(ledger.client.hget(k.attempts, aid))["tool"] is True
-    assert ledger.counters()["tool_wait"] == 1
-    # a later turn's request: recorded once, then renewed without the record
-    assert ledger.progress(aid, "w|1", 6, 30, 50, rid=f"{aid}-t1").status == "ok"
-    assert ledger.counters()["tool_wait"] == 0
-    record = ledger.client.hget(k.attempts, aid)
-    assert json.loads(record)["rid"] == f"{aid}-t1"
-    assert ledger.progress(aid, "w|1", 7, 30, 60, rid=f"{aid}-t1").status == "ok"
-    assert ledger.client.hget(k.attempts, aid) == record
-    # in doubt: the entry leaves, its sequence number is kept, a report sent before
-    # the last one stays a duplicate and a newer one revives the attempt
-    ledger.mark_doubtful(aid, "lease_expired")
-    assert ledger.client.hget(k.progress, aid) is None
-    assert json.loads(ledger.client.hget(k.attempts, aid))["seq"] == 7
-    assert ledger.progress(aid, "w|1", 6, 30, 60).reason == "duplicate progress"
-    assert ledger.progress(aid, "w|1", 8, 30, 70).status == "revived"
-    assert ledger.client.hget(k.progress, aid).startswith(b"8|0|70|")
-    assert ledger.finish(aid, 0, b"x").status == "recorded"
-    assert ledger.client.hlen(k.progress) == 0
-    assert json.loads(ledger.client.hget(k.attempts, aid))["tokens"] == 70
-    assert examine(ledger.client, k, ledger.rollout.batch_size).ok
-
-
-def test_an_attempt_started_by_an_earlier_release_is_renewed_through_its_record(make_ledger):
-    """No progress entry (a ledger written before renewals kept one): the record is
-    read, and the renewal leaves an entry for the next."""
-    ledger = make_ledger(group_size=1, max_concurrent_samples=1)
-    k = ledger.keys
-    ledger.submit(trivial_prompts(1))
-    aid = admit_groups(ledger, 1)[0].attempt_ids[0]
-    ledger.start(aid, "w", "r", "b", 30)
-    ledger.client.hdel(k.progress, aid)
-    ledger.client.hset(k.attempts, aid, json.dumps(
-        {**json.loads(ledger.client.hget(k.attempts, aid)), "seq": 5}))
-    assert ledger.progress(aid, "w", 5, 30, 10).reason == "duplicate progress"
-    assert ledger.progress(aid, "w", 6, 30, 10).status == "ok"
-    assert ledger.client.hget(k.progress, aid).startswith(b"6|0|10|")
-
-
-def test_doctor_takes_a_running_attempts_lease_from_its_progress_entry(make_ledger, clock):
-    ledger = make_ledger(group_size=2, max_concurrent_samples=2)
-    k = ledger.keys
-    ledger.submit(trivial_prompts(1))
-    running, done = admit_groups(ledger, 1)[0].attempt_ids
-    for aid in (running, done):
-        ledger.start(aid, "w", "r", "b", 30)
-    ledger.finish(done, 1, b"x")
-    clock.advance(100)
-    ledger.progress(running, "w", 1, 30)
-    ledger.client.delete(k.leases)  # lost: repair rebuilds it
-    ledger.client.hset(k.progress, done, "9|0|0|1||w")  # an entry left behind
-    repair(ledger.client, k, ledger.rollout.batch_size)
-    assert ledger.client.zscore(k.leases, running) == pytest.approx(clock.now + 30)
-    assert ledger.client.hkeys(k.progress) == [running.encode()]
 
 
 def test_start_claims_an_attempt_once(make_ledger):
