@@ -76,6 +76,7 @@ from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger, Renewal
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port, replica_of
 from queue_rollout.ledger.keys import Keys
+from queue_rollout.ledger.records import decode_attempt
 from queue_rollout.ledger.scripts import script_names
 from queue_rollout.procs import Supervised, cli_exe, stop_all
 
@@ -562,21 +563,19 @@ def _priced_renewals(client: RolloutClient, meter: redis.Redis, config: Config, 
     attempts (*together*), else one call per attempt; Redis's counters over the
     renewals and how many attempt renewals they were. The scratch keys are deleted
     after."""
-    running = {}
+    running: dict[bytes, bytes] = {}  # attempt id -> its record
+    by_worker: dict[str, list[tuple[str, int]]] = {}  # worker -> (attempt id, seq)
     for aid, raw in client.ledger.client.hgetall(client.ledger.keys.attempts).items():
-        record = json.loads(raw)
-        if record.get("state") == "running":
-            running[aid.decode() if isinstance(aid, bytes) else aid] = (raw, record)
-    by_worker: dict[str, list[tuple[str, int]]] = {}
-    for aid, (_, record) in running.items():
-        by_worker.setdefault(record["worker"], []).append((aid, int(record.get("seq", 0))))
+        record = decode_attempt(raw)
+        if record.state == "running" and record.worker is not None:
+            running[aid] = raw
+            by_worker.setdefault(record.worker, []).append((aid.decode(), record.seq or 0))
     scratch = Ledger(client.ledger.client, f"{config.farm.name}-priced-renewals",
                      config.rollout)
     lease = float(config.timeouts.lease)
     try:
         if running:
-            scratch.client.hset(scratch.keys.attempts,
-                                mapping={aid: raw for aid, (raw, _) in running.items()})
+            scratch.client.hset(scratch.keys.attempts, mapping=running)
         a = read(meter)
         for n in range(1, rounds + 1):
             for worker, attempts in by_worker.items():
