@@ -29,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -74,13 +75,18 @@ class _Live:
     seq: int = 0
     tool: bool = False  # waiting on a tool between turns
     next_beat: float = 0.0  # monotonic time of the next lease renewal
+    #: (tokens, rid, tool) as the ledger last took them: what start recorded at first
+    reported: tuple[int, str, bool] | None = None
     superseded: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
 
 class LeaseKeeper:
     """One thread per worker process renews the leases of all its running attempts
-    together, every lease / 3, in one ledger call (not one per episode). An attempt the
+    together, every lease / 3, in one ledger call (not one per episode). The process is
+    their lease holder (:attr:`holder`, named when each starts): the call renews its
+    lease once, and an attempt that reports nothing new since the last call costs no
+    write, its lease following the holder's. An attempt the
     ledger no longer knows as this worker's (superseded, lost) is aborted on the
     replica; after the shutdown grace, every attempt still running is. Aborts go out on
     a second thread: a slow replica delays no renewal, and no episode waits on the
@@ -90,6 +96,8 @@ class LeaseKeeper:
                  lease_s: float) -> None:
         self.ledger, self.client = ledger, client
         self.worker_id, self.lease_s = worker_id, lease_s
+        #: this process as the lease holder of the attempts it runs: fresh per keeper
+        self.holder = f"{worker_id}/{uuid.uuid4().hex[:16]}"
         self.stop_deadline: float | None = None
         self._swept = False  # every attempt was aborted at the stop deadline
         self._lock = threading.Lock()
@@ -163,17 +171,22 @@ class LeaseKeeper:
                 self._renew(batch)
 
     def _renew(self, batch: list[_Live]) -> None:
+        reports: list[tuple[int, str, bool]] = []
         for live in batch:
             live.seq += 1
+            reports.append((live.tokens, live.rid, live.tool))
         try:
-            answers = self.ledger.renew(self.worker_id, self.lease_s,
-                                        [Renewal(x.aid, x.seq, x.tokens, x.rid, x.tool)
-                                         for x in batch])
+            answers = self.ledger.renew(
+                self.worker_id, self.lease_s,
+                [Renewal(x.aid, x.seq, *r, changed=r != x.reported)
+                 for x, r in zip(batch, reports, strict=True)], holder=self.holder)
         except RedisUnavailable as exc:
             log.warning("lease renewal of %d attempts failed: %s", len(batch), exc)
             return
         stopping = self.stop_deadline is not None and time.monotonic() >= self.stop_deadline
-        for live, answer in zip(batch, answers, strict=True):
+        for live, answer, report in zip(batch, answers, reports, strict=True):
+            if not answer.ignored:
+                live.reported = report
             if answer.ignored and answer.reason != "duplicate progress":
                 log.warning("attempt %s: heartbeat ignored (%s): aborting it", live.aid,
                             answer.reason)
@@ -245,11 +258,11 @@ class AttemptRunner:
     def run(self, aid: str) -> str:
         """Run attempt *aid*; returns what happened (a word, also logged)."""
         start = self.ledger.start(aid, self.worker_id, self.client.url, self.boot_id,
-                                  self.config.timeouts.lease)
+                                  self.config.timeouts.lease, holder=self.lease.holder)
         if start.status != "started":
             log.info("attempt %s: ignored (%s)", aid, start.reason)
             return "unknown" if start.reason == "unknown attempt" else "ignored"
-        live = _Live(aid, rid=aid, version=start.version,
+        live = _Live(aid, rid=aid, version=start.version, reported=(0, aid, False),
                      next_beat=time.monotonic() + self.config.timeouts.lease / 3)
         self.lease.add(live)
         try:

@@ -58,11 +58,9 @@ class Reconciler:
             report.moved = self._place(live_workers)
         ledger, keys = self.ledger, self.ledger.keys
         now = ledger.clock()
-        for raw in ledger.client.zrangebyscore(keys.leases, "-inf", now):
-            aid = raw.decode()
-            if ledger.mark_doubtful(aid, "lease_expired").status == "doubtful":
-                log.warning("attempt %s: lease expired, now doubtful", aid)
-                report.doubted.append(aid)
+        for aid in ledger.expire_leases():
+            log.warning("attempt %s: lease expired, now doubtful", aid)
+            report.doubted.append(aid)
         doubt_s = self.config.timeouts.doubt
         for raw in ledger.client.zrangebyscore(keys.doubt, "-inf", now - doubt_s):
             aid = raw.decode()

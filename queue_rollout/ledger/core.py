@@ -70,13 +70,15 @@ class Answer:
 class Renewal:
     """What a lease renewal reports for one attempt: its sequence number (growing),
     output tokens so far, the rid of its request in flight (its attempt id, or a later
-    turn's or piece's) and whether it waits on a tool."""
+    turn's or piece's), whether it waits on a tool, and whether any of these *changed*
+    since its lease holder last reported it (an unchanged one costs no write)."""
 
     aid: str
     seq: int
     tokens: int = 0
     rid: str = ""
     tool: bool = False
+    changed: bool = True
 
 
 #: Released batch ids the ledger remembers (a late ack of an older one is answered
@@ -210,13 +212,15 @@ class Ledger:
 
     # -- attempts ----------------------------------------------------------------------
 
-    def start(self, aid: str, worker: str, replica: str, boot: str, lease_s: float) -> Start:
-        """Claim a queued attempt for *worker* before anything is sent to the replica."""
+    def start(self, aid: str, worker: str, replica: str, boot: str, lease_s: float,
+              *, holder: str = "") -> Start:
+        """Claim a queued attempt for *worker* before anything is sent to the replica.
+        *holder*: the worker process that renews its lease (:meth:`renew`)."""
         k = self.keys
         reply = self._call(
             "start", [k.counters, k.attempts, k.leases, k.prompts, k.state,
                       k.replica_free, k.replica_load, k.placed],
-            aid, worker, replica, boot, repr(float(lease_s)), self._call_id(),
+            aid, worker, replica, boot, repr(float(lease_s)), self._call_id(), holder,
         )
         if _s(reply[0]) == "started":
             prompt = reply[4] if isinstance(reply[4], bytes) else str(reply[4]).encode()
@@ -229,16 +233,19 @@ class Ledger:
         """Heartbeat: renew the lease; *seq* must grow per attempt."""
         return self.renew(worker, lease_s, [Renewal(aid, seq, tokens, rid, tool)])[0]
 
-    def renew(self, worker: str, lease_s: float, attempts: list[Renewal]) -> list[Answer]:
-        """Heartbeat of several attempts of *worker* in one call, each renewed for
-        *lease_s* with what it reports (:class:`Renewal`); one answer each."""
+    def renew(self, worker: str, lease_s: float, attempts: list[Renewal], *,
+              holder: str = "") -> list[Answer]:
+        """Heartbeat of several attempts of *worker* in one call, with what each reports
+        (:class:`Renewal`); one answer each. Each is renewed for *lease_s*; from a lease
+        *holder* (the worker process that started them) its own lease is renewed once
+        and an attempt that reports nothing new follows it (:meth:`expire_leases`)."""
         k = self.keys
-        args: list[object] = [worker, repr(float(lease_s))]
+        args: list[object] = [worker, repr(float(lease_s)), holder]
         for r in attempts:
             args += [r.aid, r.seq, r.tokens, "" if r.rid == r.aid else r.rid,
-                     "1" if r.tool else "0"]
-        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt, k.history],
-                           *args)
+                     "1" if r.tool else "0", "1" if r.changed else "0"]
+        reply = self._call("progress", [k.counters, k.attempts, k.leases, k.doubt, k.history,
+                                        k.holders], *args)
         return [Answer(_s(status), reason=_s(reason) if _s(status) == "ignored" else "")
                 for status, reason in zip(reply[::2], reply[1::2], strict=True)]
 
@@ -267,6 +274,20 @@ class Ledger:
             max(0, prefill_cached), self._call_id(), max(0, turns),
             ",".join(f"{max(0.0, s):.3f}" for s in tool_seconds), shape, SHAPES_KEPT,
         )
+
+    def expire_leases(self, most: int = 1000) -> list[str]:
+        """The running attempts whose lease ran out: each one whose lease holder is live
+        follows the holder's lease, the others become doubtful (``lease_expired``);
+        the doubted ones' ids. Each call takes what it looks at out of the expired ones,
+        so it calls again while a call looked at *most*."""
+        k = self.keys
+        doubted: list[str] = []
+        while True:
+            reply = self._call("expire", [k.counters, k.attempts, k.leases, k.doubt,
+                                          k.history, k.holders], most)
+            doubted += [_s(aid) for aid in reply[2:]]
+            if int(reply[0]) < most:
+                return doubted
 
     def mark_doubtful(self, aid: str, cause: str) -> Answer:
         """A running attempt may or may not still run: it keeps its slot."""

@@ -116,6 +116,12 @@ class Keys:
         return self._k("leases")
 
     @property
+    def holders(self) -> str:
+        """Sorted set lease holder (a worker process) -> lease expiry: the running
+        attempts it holds live while it does."""
+        return self._k("holders")
+
+    @property
     def doubt(self) -> str:
         """Sorted set doubtful attempt id -> doubtful since."""
         return self._k("doubt")

@@ -66,7 +66,10 @@ class AttemptRecord(msgspec.Struct, frozen=True):
     replica: str | None = None
     boot: str | None = None
     started_at: float | None = None
+    #: its own lease's expiry (set when it started or last reported something new)
     lease: float | None = None
+    #: the worker process whose lease its own follows while it reports nothing new
+    holder: str | None = msgspec.field(default=None, name="h")
     seq: int | None = None
     tokens: int | None = None
     doubt_at: float | None = None

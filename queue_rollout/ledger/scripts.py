@@ -22,7 +22,7 @@ from redis.commands.core import Script
 _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)\] = ", re.MULTILINE)
 
 OPERATIONS = (
-    "submit", "admit", "start", "progress", "finish", "doubt", "retry",
+    "submit", "admit", "start", "progress", "expire", "finish", "doubt", "retry",
     "judge", "pop_batch", "ack", "release", "set_version", "set_paused", "lead", "move",
     "replicas",
 )

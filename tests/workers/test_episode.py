@@ -265,10 +265,14 @@ class Renewals:
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
+        self.changed: list[list[bool]] = []
+        self.holders: list[str] = []
         self.called = threading.Event()
 
-    def renew(self, worker, lease_s, attempts):
+    def renew(self, worker, lease_s, attempts, *, holder=""):
         self.calls.append([a.aid for a in attempts])
+        self.changed.append([a.changed for a in attempts])
+        self.holders.append(holder)
         self.called.set()
         return [Answer("ok") for _ in attempts]
 
@@ -287,6 +291,23 @@ def test_one_renewal_call_carries_every_attempt_of_the_process_however_their_sta
     assert all(live.next_beat >= now + 10 for live in lives)  # all due together next time
     for live in lives:
         keeper.remove(live)
+
+
+def test_a_renewal_says_which_attempts_report_something_new_and_names_the_process():
+    """Started with rid = its id and no tokens, an attempt reports nothing new until its
+    tokens, rid or tool wait change; each call names the process as the lease holder."""
+    ledger = Renewals()
+    keeper = LeaseKeeper(ledger, SGLangClient("http://127.0.0.1:9"), "w0", lease_s=30)
+    live = _Live("a0", rid="a0", reported=(0, "a0", False))
+    keeper._renew([live])
+    live.tokens = 5
+    keeper._renew([live])
+    keeper._renew([live])
+    live.rid = "a0-turn-1"
+    keeper._renew([live])
+    assert ledger.changed == [[False], [True], [False], [True]]
+    assert set(ledger.holders) == {keeper.holder} and keeper.holder.startswith("w0/")
+    assert LeaseKeeper(ledger, keeper.client, "w0", lease_s=30).holder != keeper.holder
 
 
 def test_partial_rollout_resumes_after_an_abort_pause_with_new_versions(r, slow):

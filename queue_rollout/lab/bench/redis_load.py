@@ -23,14 +23,16 @@ run inside scripts included), ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) an
    for ``run_s``: the calls and CPU per running episode, the idle rate subtracted (a
    small difference of two readings: at 16 slots a GPU's leases cost Redis less than
    its own timers move).
-6. **The renewals priced**: the running attempts' records copied under a scratch
-   farm's keys and renewed there by the ledger's own call, one call per worker process
-   with all its attempts (as its lease keeper sends them), ``RENEWAL_ROUNDS`` times over,
-   the running farm's rate subtracted: the Redis CPU of one attempt's renewal, times
-   the renewals a running attempt makes a second (one per lease / 3), is what a
-   running episode's lease costs; the projections take it. The same renewals are then
-   priced one attempt to a call (as each attempt's own renewal would be sent): what
-   renewing per attempt would cost, beside it.
+6. **The leases priced**: the running attempts' records copied under a scratch farm's
+   keys and renewed there by the ledger's own call, one call per worker process with
+   all its attempts (as its lease keeper sends them: its own lease renewed, nothing new
+   reported), ``RENEWAL_ROUNDS`` times over, the running farm's rate subtracted: the
+   Redis CPU of one attempt's renewal. The same renewals are then priced one attempt to
+   a call, beside it. Then, ``RENEWAL_ROUNDS`` times, a lease later each time, every
+   holder's lease renewed and the collector's sweep that extends each attempt's lease
+   to its holder's: the Redis CPU of one extension. A running episode's lease is one
+   renewal per lease / 3 and at most one extension per 2 x lease / 3; the projections
+   take it.
 
 **The unit.** After each burst, :data:`~queue_rollout.lab.redis_info.UNIT_CALLS` trivial
 script calls one at a time on one connection (the idle rate subtracted): the Redis CPU
@@ -126,6 +128,11 @@ class RedisLoadResult:
     renewal_count: int = 0
     renewal_period_s: float = 10.0
     renewals_alone: Window | None = None  # the same renewals, one attempt to a call
+    # the sweeps that extend each attempt to its holder's lease, the extensions they
+    # made, and the shortest time between two of one attempt's (2 x lease / 3)
+    extensions: Window | None = None
+    extension_count: int = 0
+    extension_period_s: float = 20.0
 
     # -- per unit, above the empty server ---------------------------------------------
 
@@ -186,10 +193,11 @@ class RedisLoadResult:
         return (100.0 * self._above_idle(self.running)[1] / self.running.seconds
                 / self.running_episodes)
 
-    def _renewal_ms(self, w: Window | None) -> float | None:
-        if w is None or not self.renewal_count:
+    def _renewal_ms(self, w: Window | None, count: int | None = None) -> float | None:
+        count = self.renewal_count if count is None else count
+        if w is None or not count:
             return None
-        return 1000.0 * _above(w, self.running)[1] / self.renewal_count
+        return 1000.0 * _above(w, self.running)[1] / count
 
     @property
     def renewal_ms(self) -> float | None:
@@ -203,12 +211,22 @@ class RedisLoadResult:
         return self._renewal_ms(self.renewals_alone)
 
     @property
+    def extension_ms(self) -> float | None:
+        """Redis CPU ms of extending one attempt's lease to its holder's (the holders'
+        renewals in the same rounds included)."""
+        return self._renewal_ms(self.extensions, self.extension_count)
+
+    @property
     def lease_core_pct_per_episode(self) -> float:
         """% of a core a running episode's lease costs: the priced renewal at one per
-        lease / 3; the running window's figure where the renewals were not priced."""
+        lease / 3 and the priced extension at one per 2 x lease / 3 (at most: a holder
+        renewed at most lease / 3 before the sweep); the running window's figure where
+        the renewals were not priced."""
         if self.renewal_ms is None:
             return self.running_core_pct_per_episode
-        return self.renewal_ms / self.renewal_period_s / 10.0  # ms/s -> %
+        extension = (0.0 if self.extension_ms is None
+                     else self.extension_ms / self.extension_period_s)
+        return (self.renewal_ms / self.renewal_period_s + extension) / 10.0  # ms/s -> %
 
     # -- in trivial-call units -----------------------------------------------------------
 
@@ -248,6 +266,10 @@ class RedisLoadResult:
     @property
     def renewal_alone_units(self) -> float | None:
         return None if self.renewal_alone_ms is None else self.renewal_alone_ms / self.unit_ms
+
+    @property
+    def extension_units(self) -> float | None:
+        return None if self.extension_ms is None else self.extension_ms / self.unit_ms
 
     @property
     def lease_units_per_episode_s(self) -> float:
@@ -349,6 +371,12 @@ class RedisLoadResult:
             else round(self.renewal_units, 4),
             "renewal_alone_units": None if self.renewal_alone_units is None
             else round(self.renewal_alone_units, 4),
+            "extension_count": self.extension_count,
+            "extension_period_s": self.extension_period_s,
+            "extension_us": None if self.extension_ms is None
+            else round(1000.0 * self.extension_ms, 3),
+            "extension_units": None if self.extension_units is None
+            else round(self.extension_units, 4),
             "lease_units_per_episode_s": round(self.lease_units_per_episode_s, 4),
             "projections_units": [self.projection_units(*p) for p in PROJECTIONS],
             "episode_profile": dict(list(self.episode_profile().items())[:20]),
@@ -438,10 +466,9 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
                                script_names())
             progress(f"redis-load: {gpus * slots} long episodes running for {run_s:g}s")
             running, held = _running(client, meter, gpus * slots, run_s)
-            progress(f"redis-load: the running attempts' renewals priced, {RENEWAL_ROUNDS} "
-                     "rounds")
-            renewals, renewed = _priced_renewals(client, meter, config, together=True)
-            one_each, _ = _priced_renewals(client, meter, config, together=False)
+            progress(f"redis-load: the running attempts' leases priced, {RENEWAL_ROUNDS} "
+                     "rounds of renewals and of extensions")
+            priced = _priced_leases(client, meter, config)
         finally:
             stop.set()
             farm.stop()
@@ -450,9 +477,12 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
                            running, held, alone, alone_clients, pauses, resumes,
                            wait_replicas, replicas, placement, units=units,
                            profile=profile, profile_episodes=episodes,
-                           renewals=renewals, renewal_count=renewed,
-                           renewals_alone=one_each,
-                           renewal_period_s=config.timeouts.lease / 3)
+                           renewals=priced.renewals, renewal_count=priced.renewal_count,
+                           renewals_alone=priced.renewals_alone,
+                           renewal_period_s=config.timeouts.lease / 3,
+                           extensions=priced.extensions,
+                           extension_count=priced.extension_count,
+                           extension_period_s=2 * config.timeouts.lease / 3)
 
 
 def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
@@ -556,37 +586,72 @@ def _running(client: RolloutClient, meter: redis.Redis, slots: int, run_s: float
     return Window.between(a, b), slots
 
 
-def _priced_renewals(client: RolloutClient, meter: redis.Redis, config: Config, *,
-                     together: bool, rounds: int = RENEWAL_ROUNDS) -> tuple[Window, int]:
-    """The running attempts' records copied under a scratch farm's keys and renewed
-    there by the ledger's own call, *rounds* times: one call per worker with all its
-    attempts (*together*), else one call per attempt; Redis's counters over the
-    renewals and how many attempt renewals they were. The scratch keys are deleted
-    after."""
+@dataclass
+class PricedLeases:
+    """Redis's counters over the priced lease work (:func:`_priced_leases`)."""
+
+    renewals: Window  # every process's renewal calls, all its attempts in each
+    renewals_alone: Window  # the same renewals, one attempt to a call
+    renewal_count: int  # attempt renewals in each of the two
+    extensions: Window  # the sweeps that extend attempts to their holder's lease
+    extension_count: int
+
+
+def _priced_leases(client: RolloutClient, meter: redis.Redis, config: Config, *,
+                   rounds: int = RENEWAL_ROUNDS) -> PricedLeases:
+    """The running attempts' records copied under a scratch farm's keys, their leases
+    due, and the lease work done there by the ledger's own calls, *rounds* times each:
+    every process's renewal of all its attempts, nothing new reported (one call each,
+    then one call per attempt); then, a lease later each round, every holder's lease
+    renewed and the sweep that extends every attempt to it. The scratch keys are
+    deleted after."""
     running: dict[bytes, bytes] = {}  # attempt id -> its record
-    by_worker: dict[str, list[tuple[str, int]]] = {}  # worker -> (attempt id, seq)
+    # (worker, lease holder) -> each attempt's (id, seq, tokens, rid)
+    held: dict[tuple[str, str], list[tuple[str, int, int, str]]] = {}
     for aid, raw in client.ledger.client.hgetall(client.ledger.keys.attempts).items():
         record = decode_attempt(raw)
         if record.state == "running" and record.worker is not None:
             running[aid] = raw
-            by_worker.setdefault(record.worker, []).append((aid.decode(), record.seq or 0))
-    scratch = Ledger(client.ledger.client, f"{config.farm.name}-priced-renewals",
-                     config.rollout)
+            held.setdefault((record.worker, record.holder or ""), []).append(
+                (aid.decode(), record.seq or 0, record.tokens or 0, record.rid or ""))
+    clock = [time.time()]
+    scratch = Ledger(client.ledger.client, f"{config.farm.name}-priced-leases",
+                     config.rollout, clock=lambda: clock[0])
     lease = float(config.timeouts.lease)
+
+    def renew_all(n: int, together: bool) -> None:
+        for (worker, holder), attempts in held.items():
+            renewals = [Renewal(aid, seq + n, tokens, rid, changed=False)
+                        for aid, seq, tokens, rid in attempts]
+            for call in [renewals] if together else [[r] for r in renewals]:
+                scratch.renew(worker, lease, call, holder=holder)
+
     try:
         if running:
             scratch.client.hset(scratch.keys.attempts, mapping=running)
+            scratch.client.zadd(scratch.keys.leases, dict.fromkeys(running, clock[0]))
+        windows = []
+        for together in (True, False):
+            a = read(meter)
+            for n in range(1, rounds + 1):
+                renew_all(n, together)
+            windows.append(Window.between(a, read(meter)))
         a = read(meter)
-        for n in range(1, rounds + 1):
-            for worker, attempts in by_worker.items():
-                renewals = [Renewal(aid, seq + n, n) for aid, seq in attempts]
-                for call in [renewals] if together else [[r] for r in renewals]:
-                    scratch.renew(worker, lease, call)
-        b = read(meter)
+        for _ in range(rounds):
+            clock[0] += lease  # every attempt's lease is due
+            for worker, holder in held:
+                scratch.renew(worker, lease, [], holder=holder)
+            scratch.expire_leases()
+        extensions = Window.between(a, read(meter))
+        if (held_now := scratch.client.zcard(scratch.keys.leases)) != len(running):
+            raise InvariantViolation(
+                f"bench redis-load: {len(running) - held_now} of {len(running)} priced leases "
+                "were not extended to their holder's: the extensions' price is not theirs")
     finally:
         if left := list(scratch.client.scan_iter(match=scratch.keys.prefix + "*")):
             scratch.client.delete(*left)
-    return Window.between(a, b), rounds * len(running)
+    return PricedLeases(windows[0], windows[1], rounds * len(running), extensions,
+                        rounds * len(running))
 
 
 def redis_load_text(r: dict[str, Any]) -> str:
@@ -620,6 +685,9 @@ def redis_load_text(r: dict[str, Any]) -> str:
             f"({r['renewal_count']:,} priced, all of a process's in one call; "
             f"{r['renewal_alone_units']:.3f} units each in a call of its own), one per "
             f"{r['renewal_period_s']:g} s"
+            + (f"; its extension to its holder's lease {r['extension_us']:.2f} us = "
+               f"{r['extension_units']:.3f} units, one per {r['extension_period_s']:g} s "
+               "at most" if r.get("extension_us") is not None else "")
             if r["renewal_us"] is not None else "the running window's (not priced)"),
         f"  projection, {p['gpus']} GPUs x {p['slots'] // p['gpus']} slots, "
         f"{p['episode_s']:g} s episodes ({p['episodes_per_s']:g} episodes/s): idle "

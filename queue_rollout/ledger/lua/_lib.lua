@@ -7,6 +7,8 @@
 --   groups[gid]    {id, G, mode, state, done, failed, version, admitted_at, aids, ...}
 --                  aids: every attempt id the group ever had, comma-separated
 --   attempts[aid]  {g, m, n, stops, state, worker, replica, boot, lease, seq, ...}
+--                  h: its lease holder (the worker process), whose lease its own
+--                  follows while it reports nothing new
 --                  rid: the request in flight when not the attempt id (a later turn);
 --                  tool: true while a running attempt waits on a tool (counted in
 --                  the tool_wait counter)
@@ -145,4 +147,19 @@ end
 local function history_add(key, gid, event)
   local story = redis.call('HGET', key, gid)
   if story then redis.call('HSET', key, gid, story .. '\n' .. cjson.encode(event)) end
+end
+
+-- A running attempt a becomes doubtful for *cause*: it keeps its slot, no retry starts
+-- until the doubt is resolved. k holds the key names: k.counters, k.attempts, k.leases,
+-- k.doubt, k.history.
+local function become_doubtful(k, now, aid, a, cause)
+  leave_live_state(k.counters, k.leases, k.doubt, aid, a)
+  a.state = 'doubtful'
+  a.doubt_at = now
+  a.cause = cause
+  put_json(k.attempts, aid, a)
+  redis.call('ZADD', k.doubt, now, aid)
+  bump(k.counters, 'doubtful', 1)
+  bump(k.counters, 'doubts:' .. cause, 1)
+  history_add(k.history, a.g, {e = 'doubt', t = now, a = aid, m = a.m, n = a.n, c = cause})
 end

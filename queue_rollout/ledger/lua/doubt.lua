@@ -19,13 +19,6 @@ local a = get_json(KEYS[2], aid)
 if not a then return ignored(counters, 'unknown attempt') end
 if a.state ~= 'running' then return ignored(counters, ended_reason(a)) end
 
-leave_live_state(counters, KEYS[3], KEYS[4], aid, a)
-a.state = 'doubtful'
-a.doubt_at = now
-a.cause = ARGV[3]
-put_json(KEYS[2], aid, a)
-redis.call('ZADD', KEYS[4], now, aid)
-bump(counters, 'doubtful', 1)
-bump(counters, 'doubts:' .. ARGV[3], 1)
-history_add(KEYS[5], a.g, {e = 'doubt', t = now, a = aid, m = a.m, n = a.n, c = ARGV[3]})
+become_doubtful({counters = counters, attempts = KEYS[2], leases = KEYS[3], doubt = KEYS[4],
+                 history = KEYS[5]}, now, aid, a, ARGV[3])
 return {'doubtful', ''}

@@ -9,20 +9,29 @@
 -- KEYS[3] = leases sorted set
 -- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
 -- KEYS[5] = history hash (group id -> its story, for `trace`: a doubt resolved here)
+-- KEYS[6] = holders sorted set (lease holder -> lease expiry)
 -- ARGV[1] = now (seconds)
 -- ARGV[2] = worker id
 -- ARGV[3] = lease length (seconds)
--- ARGV[4 + 5i] .. ARGV[8 + 5i] = for i = 0, 1, ...: attempt id, its sequence number
+-- ARGV[4] = lease holder: the reporting process ('' for none: each attempt renewed)
+-- ARGV[5 + 6i] .. ARGV[10 + 6i] = for i = 0, 1, ...: attempt id, its sequence number
 --            (> 0, increasing per attempt), its output tokens so far, the rid of its
 --            request in flight ('' while that is the attempt id), '1' while it waits
---            on a tool (the slot held, nothing generating) else '0'
+--            on a tool (the slot held, nothing generating) else '0', '1' when the
+--            tokens, rid or tool wait differ from the holder's last report else '0'
 -- Returns {status_0, reason_0, status_1, reason_1, ...}, one pair per attempt:
 --         'ok' | 'revived' (with '') | 'ignored' with the reason
 
 local counters, attempts, leases, doubt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, worker, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local now, worker, lease, holder = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if holder ~= '' then redis.call('ZADD', KEYS[6], now + lease, holder) end
 
-local function renew(aid, seq, tokens, rid, tool)
+local function renew(aid, seq, tokens, rid, tool, changed)
+  -- still running (in the leases set, not in doubt) and nothing new: the holder's
+  -- lease, renewed above, is the attempt's
+  if holder ~= '' and changed == '0' and redis.call('ZSCORE', leases, aid) then
+    return {'ok', ''}
+  end
   local a = get_json(attempts, aid)
   if not a then return ignored(counters, 'unknown attempt') end
   if a.state ~= 'running' and a.state ~= 'doubtful' then
@@ -48,15 +57,16 @@ local function renew(aid, seq, tokens, rid, tool)
   if a.tool and not waited then bump(counters, 'tool_wait', 1) end
   if waited and not a.tool then bump(counters, 'tool_wait', -1) end
   a.lease = now + lease
+  if holder ~= '' then a.h = holder end
   put_json(attempts, aid, a)
   redis.call('ZADD', leases, a.lease, aid)
   return {status, ''}
 end
 
 local out = {}
-for i = 4, #ARGV, 5 do
+for i = 5, #ARGV, 6 do
   local answer = renew(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3],
-                       ARGV[i + 4])
+                       ARGV[i + 4], ARGV[i + 5])
   out[#out + 1] = answer[1]
   out[#out + 1] = answer[2]
 end

@@ -17,6 +17,8 @@
 -- ARGV[6] = lease length (seconds)
 -- ARGV[7] = this call's id (fresh per call, the same when the call is sent again;
 --          '' when calls are not resent: nothing is kept)
+-- ARGV[8] = lease holder: the worker process whose lease the attempt's follows while
+--          it reports nothing new (progress.lua, expire.lua); '' for none
 -- Returns {'started', gid, member, attempt number, prompt JSON or '', policy version}
 --       | {'ignored', reason}
 -- (the prompt and the version come along so the worker needs no more round trips)
@@ -55,6 +57,7 @@ a.lease = now + tonumber(ARGV[6])
 a.seq = 0
 a.tokens = 0
 if ARGV[7] ~= '' then a.call = ARGV[7] end
+if (ARGV[8] or '') ~= '' then a.h = ARGV[8] end
 a.v = tonumber(redis.call('HGET', KEYS[5], 'version') or '0')
 put_json(KEYS[2], aid, a)
 redis.call('ZADD', KEYS[3], a.lease, aid)

@@ -8,7 +8,7 @@ import re
 import pytest
 import redis
 
-from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.core import Ledger, Renewal
 from queue_rollout.ledger.doctor import examine, repair
 from queue_rollout.ledger.keys import EVENTS_GROUP
 from testkit import trivial_prompts
@@ -257,6 +257,62 @@ def test_progress_renews_the_lease_and_revives_a_doubtful_attempt(make_ledger, c
     assert ledger.progress(aid, "w", 2, 30, 11).status == "revived"
     c = ledger.counters()
     assert (c["running"], c["doubtful"]) == (1, 0)
+
+
+def test_a_holder_s_renewal_of_an_unchanged_attempt_writes_nothing_of_it_and_its_lease_follows_the_holder_s(  # noqa: E501
+        make_ledger, clock):
+    ledger = make_ledger(group_size=2, max_concurrent_samples=2)
+    ledger.submit(trivial_prompts(1))
+    a, b = admit_groups(ledger, 1)[0].attempt_ids
+    for aid in (a, b):
+        assert ledger.start(aid, "w", "r", "boot", 30, holder="w/p1").status == "started"
+    assert ledger.attempt(a).holder == "w/p1"
+    record = ledger.client.hget(ledger.keys.attempts, a)
+    clock.advance(20)
+    answers = ledger.renew("w", 30, [Renewal(a, 1, changed=False),
+                                     Renewal(b, 1, tokens=9, changed=True)], holder="w/p1")
+    assert [x.status for x in answers] == ["ok", "ok"]
+    assert ledger.client.hget(ledger.keys.attempts, a) == record  # not written
+    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 10)
+    assert ledger.attempt(b).tokens == 9  # a change is recorded, its own lease renewed
+    assert ledger.client.zscore(ledger.keys.leases, b) == pytest.approx(clock.now + 30)
+    assert ledger.client.zscore(ledger.keys.holders, "w/p1") == pytest.approx(clock.now + 30)
+    clock.advance(15)  # a's own lease ran out; the holder's has 15 s to go
+    assert ledger.expire_leases() == []
+    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 15)
+    clock.advance(16)  # the holder renewed nothing: both leases run out
+    assert sorted(ledger.expire_leases()) == sorted([a, b])
+    assert ledger.attempt(a).cause == "lease_expired"
+    assert ledger.client.zscore(ledger.keys.holders, "w/p1") is None
+    # the holder reports again: an attempt in doubt is revived, however unchanged
+    assert ledger.renew("w", 30, [Renewal(a, 2, changed=False)],
+                        holder="w/p1")[0].status == "revived"
+    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 30)
+    assert ledger.counters()["doubtful"] == 1 and examine(ledger.client, ledger.keys,
+                                                              ledger.rollout.batch_size).ok
+
+
+def test_an_attempt_without_a_holder_expires_with_its_own_lease(make_ledger, clock):
+    ledger = make_ledger(group_size=1, max_concurrent_samples=1)
+    ledger.submit(trivial_prompts(1))
+    aid = admit_groups(ledger, 1)[0].attempt_ids[0]
+    ledger.start(aid, "w", "r", "b", 30)
+    ledger.renew("w", 30, [], holder="w/p1")  # some process's lease, not this attempt's
+    clock.advance(31)
+    ledger.renew("w", 30, [], holder="w/p1")
+    assert ledger.expire_leases() == [aid]
+
+
+def test_the_lease_sweep_takes_every_expired_lease_in_calls_of_a_few(make_ledger, clock):
+    ledger = make_ledger(group_size=5, max_concurrent_samples=5)
+    ledger.submit(trivial_prompts(1))
+    aids = admit_groups(ledger, 1)[0].attempt_ids
+    for aid in aids:
+        ledger.start(aid, "w", "r", "b", 30, holder="w/p1")
+    ledger.client.zadd(ledger.keys.leases, {"no-such-attempt": 1.0})  # a stale entry
+    clock.advance(31)
+    assert sorted(ledger.expire_leases(most=2)) == sorted(aids)
+    assert ledger.client.zcard(ledger.keys.leases) == 0
 
 
 def test_start_claims_an_attempt_once(make_ledger):

@@ -92,6 +92,17 @@ def test_priced_renewals_give_the_lease_term():
     assert (out["renewal_us"], out["renewal_units"]) == (2.0, 0.2)
     assert r.renewal_alone_ms == pytest.approx(0.01) and out["renewal_alone_units"] == 1.0
     assert "one attempt's renewal 2.00 us" in redis_load_text(out)
+    assert out["extension_us"] is None and "extension" not in redis_load_text(out)
+    # the sweeps priced too: 25.6 ms above the running rate for 6,400 extensions, 4 us
+    # (0.4 units) each, at most one per 20 s: 0.02 units/s beside the renewals' 0.02
+    r.extensions, r.extension_count = window(2, 0.03288, evalsha=400), 6_400
+    r.extension_period_s = 20.0
+    assert r.extension_ms == pytest.approx(0.004) and r.extension_units == pytest.approx(0.4)
+    assert r.lease_units_per_episode_s == pytest.approx(0.02 + 0.02)
+    out = r.as_json()
+    assert (out["extension_us"], out["extension_units"]) == (4.0, 0.4)
+    assert "extension to its holder's lease 4.00 us = 0.400 units, one per 20 s" in (
+        redis_load_text(out))
 
 
 def test_the_collector_counts_once_per_farm_not_once_per_gpu():
@@ -152,6 +163,11 @@ def test_a_small_farm_is_measured_end_to_end(tmp_path):
     assert res.renewals_alone is not None
     assert res.renewals_alone.calls.get("evalsha", 0) >= 8 * RENEWAL_ROUNDS
     assert res.collector.calls.get("evalsha", 0) < RENEWAL_ROUNDS  # its own window
+    # and every running attempt's lease extended to its holder's, once per round (the
+    # bench refuses a round in which one was not)
+    assert out["extension_count"] == 8 * RENEWAL_ROUNDS and out["extension_us"] is not None
+    assert res.extensions is not None
+    assert res.extensions.calls.get("evalsha", 0) >= 2 * RENEWAL_ROUNDS  # holder + sweep
     assert "commands per episode" in redis_load_text(out)
     # the unit, after each burst: its trivial calls counted, its figure their median
     assert len(res.units) == 2 and all(w.calls.get("evalsha", 0) >= 10_000 for w in res.units)

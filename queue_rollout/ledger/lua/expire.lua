@@ -1,0 +1,47 @@
+-- expire.lua: the running attempts whose lease has run out. An attempt's lease is its
+-- own (renewed when it reports progress) or, while its lease holder (the worker
+-- process that runs it) is live, the holder's: such an attempt's lease is extended to
+-- the holder's, so a process renews one lease for all it runs and each attempt costs a
+-- write about once a lease, not at every renewal. An attempt whose holder's lease has
+-- run out too (or that has none) becomes doubtful ('lease_expired'), as doubt.lua does.
+-- Holders whose lease has run out leave the holders set; an entry with no running
+-- attempt behind it leaves the leases set (counted as ignored).
+--
+-- KEYS[1] = counters hash
+-- KEYS[2] = attempts hash
+-- KEYS[3] = leases sorted set (attempt id -> lease expiry)
+-- KEYS[4] = doubt sorted set (attempt id -> doubtful since)
+-- KEYS[5] = history hash (group id -> its story, for `trace`)
+-- KEYS[6] = holders sorted set (lease holder -> lease expiry)
+-- ARGV[1] = now (seconds)
+-- ARGV[2] = the most expired leases looked at in this call
+-- Returns {looked at, extended, doubted attempt id, ...}: a caller that was answered
+--         as many looked at as it allowed calls again
+
+local k = {counters = KEYS[1], attempts = KEYS[2], leases = KEYS[3], doubt = KEYS[4],
+           history = KEYS[5]}
+local holders = KEYS[6]
+local now, most = tonumber(ARGV[1]), tonumber(ARGV[2])
+
+redis.call('ZREMRANGEBYSCORE', holders, '-inf', '(' .. now)
+local due = redis.call('ZRANGEBYSCORE', k.leases, '-inf', now, 'LIMIT', 0, most)
+local extended, doubted = 0, {}
+for _, aid in ipairs(due) do
+  local a = get_json(k.attempts, aid)
+  if not a or a.state ~= 'running' then
+    redis.call('ZREM', k.leases, aid)  -- a stale entry: no running attempt behind it
+    bump(k.counters, 'ignored', 1)
+  else
+    local upto = a.h and tonumber(redis.call('ZSCORE', holders, a.h) or '0') or 0
+    if upto > now then
+      redis.call('ZADD', k.leases, upto, aid)
+      extended = extended + 1
+    else
+      become_doubtful(k, now, aid, a, 'lease_expired')
+      doubted[#doubted + 1] = aid
+    end
+  end
+end
+local out = {#due, extended}
+for _, aid in ipairs(doubted) do out[#out + 1] = aid end
+return out
