@@ -39,6 +39,8 @@ from learning_stats import (
     trailing_mean,
 )
 
+from queue_rollout.lab.order import kendall_tau
+
 REWARD_GOAL = 0.9  # the time-to-reward threshold of the smoothed sampled reward
 
 
@@ -79,15 +81,6 @@ def pair_rows(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[
     return {"chi2": chi2, "p": p,
             "detectable_share": detectable_share_difference(len(a), len(b), pooled),
             "detectable_hazard_ratio": detectable_hazard_ratio(events)}
-
-
-def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Kendall's tau-a of two rankings (ties count as neither)."""
-    n = len(xs)
-    if n < 2:
-        return math.nan
-    pairs = [(xs[i] - xs[j]) * (ys[i] - ys[j]) for i in range(n) for j in range(i + 1, n)]
-    return (sum(d > 0 for d in pairs) - sum(d < 0 for d in pairs)) / len(pairs)
 
 
 def order_rows(run: dict[str, Any], group_size: int = 16) -> dict[str, Any] | None:

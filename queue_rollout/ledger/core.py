@@ -282,6 +282,13 @@ class Ledger:
         so it calls again while a call looked at *most*."""
         k = self.keys
         doubted: list[str] = []
+        now = self.clock()
+        with translate_errors(self._url):  # nothing due nor left (the usual case): no script
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrangebyscore(k.leases, "-inf", now, 0, 1)
+            pipe.zrangebyscore(k.holders, "-inf", f"({now!r}", 0, 1)
+            if not any(pipe.execute()):
+                return doubted
         while True:
             reply = self._call("expire", [k.counters, k.attempts, k.leases, k.doubt,
                                           k.history, k.holders], most)

@@ -36,6 +36,7 @@ from queue_rollout.errors import InvariantViolation
 from queue_rollout.lab.bench.audit import audit
 from queue_rollout.lab.bench.measures import ModeRun, RunningSampler
 from queue_rollout.lab.bench.results import pilot_json
+from queue_rollout.lab.order import completion_order
 from queue_rollout.lab.redis_info import Window, read
 from queue_rollout.lab.trainer import TakenBatch, run_trainer
 from queue_rollout.lab.virtual.farm import SimReport
@@ -242,6 +243,12 @@ def run_pilot(bench: Bench, profile: Profile, max_staleness: int, placement: str
     result = pilot_json(profile, bench.shape, bench.scale, max_staleness,
                         runs["group"], runs["sample"])
     result["placement"] = placement
+    if all("member_lengths" in p for p in prompts):
+        trained = bench.shape.train_batches * bench.shape.batch_size
+        lengths = {p["id"]: p["member_lengths"] for p in prompts}
+        result["completion_order"] = {
+            mode: completion_order(lengths, [p["id"] for p in prompts], list(run.delivered),
+                                   trained) for mode, run in runs.items()}
     return result, runs
 
 

@@ -26,13 +26,13 @@ run inside scripts included), ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) an
 6. **The leases priced**: the running attempts' records copied under a scratch farm's
    keys and renewed there by the ledger's own call, one call per worker process with
    all its attempts (as its lease keeper sends them: its own lease renewed, nothing new
-   reported), ``RENEWAL_ROUNDS`` times over, the running farm's rate subtracted: the
-   Redis CPU of one attempt's renewal. The same renewals are then priced one attempt to
-   a call, beside it. Then, ``RENEWAL_ROUNDS`` times, a lease later each time, every
-   holder's lease renewed and the collector's sweep that extends each attempt's lease
-   to its holder's: the Redis CPU of one extension. A running episode's lease is one
-   renewal per lease / 3 and at most one extension per 2 x lease / 3; the projections
-   take it.
+   reported), ``RENEWAL_ROUNDS`` times over, a renewal period (lease / 3) apart on the
+   ledger's clock, the running farm's rate subtracted: the Redis CPU of one attempt's
+   renewal, one per lease / 3 being a running episode's lease (the projections take
+   it). The same renewals are then priced one attempt to a call, beside it. Then,
+   ``RENEWAL_ROUNDS`` times, a lease later each time, every holder's lease renewed and
+   the collector's sweep that extends each attempt's lease to its holder's: what an
+   attempt whose renewals stopped costs while its process lives.
 
 **The unit.** After each burst, :data:`~queue_rollout.lab.redis_info.UNIT_CALLS` trivial
 script calls one at a time on one connection (the idle rate subtracted): the Redis CPU
@@ -128,11 +128,10 @@ class RedisLoadResult:
     renewal_count: int = 0
     renewal_period_s: float = 10.0
     renewals_alone: Window | None = None  # the same renewals, one attempt to a call
-    # the sweeps that extend each attempt to its holder's lease, the extensions they
-    # made, and the shortest time between two of one attempt's (2 x lease / 3)
+    # the sweeps that extend each attempt to its holder's lease, and the extensions
+    # they made
     extensions: Window | None = None
     extension_count: int = 0
-    extension_period_s: float = 20.0
 
     # -- per unit, above the empty server ---------------------------------------------
 
@@ -212,21 +211,19 @@ class RedisLoadResult:
 
     @property
     def extension_ms(self) -> float | None:
-        """Redis CPU ms of extending one attempt's lease to its holder's (the holders'
-        renewals in the same rounds included)."""
+        """Redis CPU ms of the sweep extending one attempt's lease to its holder's (the
+        holders' renewals in the same rounds included): what an attempt whose renewals
+        stopped costs while its holder lives."""
         return self._renewal_ms(self.extensions, self.extension_count)
 
     @property
     def lease_core_pct_per_episode(self) -> float:
         """% of a core a running episode's lease costs: the priced renewal at one per
-        lease / 3 and the priced extension at one per 2 x lease / 3 (at most: a holder
-        renewed at most lease / 3 before the sweep); the running window's figure where
-        the renewals were not priced."""
+        lease / 3 (renewed on time, an attempt's lease never needs the sweep); the
+        running window's figure where the renewals were not priced."""
         if self.renewal_ms is None:
             return self.running_core_pct_per_episode
-        extension = (0.0 if self.extension_ms is None
-                     else self.extension_ms / self.extension_period_s)
-        return (self.renewal_ms / self.renewal_period_s + extension) / 10.0  # ms/s -> %
+        return self.renewal_ms / self.renewal_period_s / 10.0  # ms/s -> %
 
     # -- in trivial-call units -----------------------------------------------------------
 
@@ -372,12 +369,12 @@ class RedisLoadResult:
             "renewal_alone_units": None if self.renewal_alone_units is None
             else round(self.renewal_alone_units, 4),
             "extension_count": self.extension_count,
-            "extension_period_s": self.extension_period_s,
             "extension_us": None if self.extension_ms is None
             else round(1000.0 * self.extension_ms, 3),
             "extension_units": None if self.extension_units is None
             else round(self.extension_units, 4),
             "lease_units_per_episode_s": round(self.lease_units_per_episode_s, 4),
+            "lease_core_pct_per_episode": round(self.lease_core_pct_per_episode, 7),
             "projections_units": [self.projection_units(*p) for p in PROJECTIONS],
             "episode_profile": dict(list(self.episode_profile().items())[:20]),
         }
@@ -481,8 +478,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
                            renewals_alone=priced.renewals_alone,
                            renewal_period_s=config.timeouts.lease / 3,
                            extensions=priced.extensions,
-                           extension_count=priced.extension_count,
-                           extension_period_s=2 * config.timeouts.lease / 3)
+                           extension_count=priced.extension_count)
 
 
 def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
@@ -620,6 +616,7 @@ def _priced_leases(client: RolloutClient, meter: redis.Redis, config: Config, *,
     lease = float(config.timeouts.lease)
 
     def renew_all(n: int, together: bool) -> None:
+        clock[0] += lease / 3  # a renewal period later: every other round writes leases
         for (worker, holder), attempts in held.items():
             renewals = [Renewal(aid, seq + n, tokens, rid, changed=False)
                         for aid, seq, tokens, rid in attempts]
@@ -685,9 +682,9 @@ def redis_load_text(r: dict[str, Any]) -> str:
             f"({r['renewal_count']:,} priced, all of a process's in one call; "
             f"{r['renewal_alone_units']:.3f} units each in a call of its own), one per "
             f"{r['renewal_period_s']:g} s"
-            + (f"; its extension to its holder's lease {r['extension_us']:.2f} us = "
-               f"{r['extension_units']:.3f} units, one per {r['extension_period_s']:g} s "
-               "at most" if r.get("extension_us") is not None else "")
+            + (f"; where renewals stop, the sweep's extension to the holder's lease "
+               f"{r['extension_us']:.2f} us = {r['extension_units']:.3f} units"
+               if r.get("extension_us") is not None else "")
             if r["renewal_us"] is not None else "the running window's (not priced)"),
         f"  projection, {p['gpus']} GPUs x {p['slots'] // p['gpus']} slots, "
         f"{p['episode_s']:g} s episodes ({p['episodes_per_s']:g} episodes/s): idle "

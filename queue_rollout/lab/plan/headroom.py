@@ -12,8 +12,9 @@ farm's load is the sum of
 - **transport**: what the real farm adds per episode beyond its ledger scripts (RQ's
   job, the worker's bookkeeping): redis-load's CPU per episode less its scripts'
   (``EVALSHA``) time, x episodes/s;
-- **leases**: each running episode's lease renewals (``running_core_pct_per_episode``)
-  x the mean episodes holding a slot.
+- **leases**: each running episode's lease renewals (``lease_core_pct_per_episode``,
+  the renewals priced; ``running_core_pct_per_episode``, the running window's, in a
+  JSON from before they were priced) x the mean episodes holding a slot.
 
 Connections: redis-load's per GPU x GPUs, against Redis's default ``maxclients``. The
 redis-load figures ship with the package (``redis_load.json``, from a 64-GPU
@@ -109,7 +110,8 @@ def headroom(costs: dict[str, Any], *, gpus: int, episodes_per_s: float,
         + float(costs["idle_core_pct_per_gpu"]) * gpus,
         ledger_pct=ledger_cpu_ms_per_episode * episodes_per_s / 10.0,  # ms/s -> % core
         transport_pct=transport_ms * episodes_per_s / 10.0,
-        leases_pct=float(costs["running_core_pct_per_episode"]) * mean_holding,
+        leases_pct=float(costs.get("lease_core_pct_per_episode",
+                                   costs["running_core_pct_per_episode"])) * mean_holding,
         idle_calls_per_s=float(costs.get("collector_calls_per_s", 0.0))
         + float(costs["idle_calls_per_gpu_s"]) * gpus,
         connections=float(costs.get("collector_connections", 0))

@@ -23,19 +23,38 @@ local k = {counters = KEYS[1], attempts = KEYS[2], leases = KEYS[3], doubt = KEY
 local holders = KEYS[6]
 local now, most = tonumber(ARGV[1]), tonumber(ARGV[2])
 
+-- The lease holder a record names, read from its JSON text without decoding it all (a
+-- sweep may extend many leases): cjson writes '/' escaped; any other escape, or no
+-- holder, answers nil and the caller decodes the record.
+local function holder_of(raw)
+  local h = string.match(raw, '"h":"([^"]*)"')
+  if not h then return nil end
+  h = string.gsub(h, '\\/', '/')
+  if string.find(h, '\\', 1, true) then return nil end
+  return h
+end
+
 redis.call('ZREMRANGEBYSCORE', holders, '-inf', '(' .. now)
 local due = redis.call('ZRANGEBYSCORE', k.leases, '-inf', now, 'LIMIT', 0, most)
 local extended, doubted = 0, {}
 for _, aid in ipairs(due) do
-  local a = get_json(k.attempts, aid)
-  if not a or a.state ~= 'running' then
-    redis.call('ZREM', k.leases, aid)  -- a stale entry: no running attempt behind it
-    bump(k.counters, 'ignored', 1)
+  -- an attempt in the leases set runs (doctor checks it): its holder's lease is read
+  -- first, the record decoded only to doubt it
+  local raw = redis.call('HGET', k.attempts, aid)
+  local h, a = raw and holder_of(raw), nil
+  if raw and not h then
+    a = cjson.decode(raw)
+    h = a.h
+  end
+  local upto = h and tonumber(redis.call('ZSCORE', holders, h) or '0') or 0
+  if upto > now then
+    redis.call('ZADD', k.leases, upto, aid)
+    extended = extended + 1
   else
-    local upto = a.h and tonumber(redis.call('ZSCORE', holders, a.h) or '0') or 0
-    if upto > now then
-      redis.call('ZADD', k.leases, upto, aid)
-      extended = extended + 1
+    a = a or (raw and cjson.decode(raw))
+    if not a or a.state ~= 'running' then
+      redis.call('ZREM', k.leases, aid)  -- a stale entry: no running attempt behind it
+      bump(k.counters, 'ignored', 1)
     else
       become_doubtful(k, now, aid, a, 'lease_expired')
       doubted[#doubted + 1] = aid

@@ -3,6 +3,11 @@
 -- Each report carries a sequence number; a report not newer than the attempt's last
 -- one is a duplicate and changes nothing. A report from a doubtful attempt proves it
 -- still runs: it is running again (doubt resolved, no retry).
+-- A process that names itself as their lease holder renews its own lease here, once;
+-- an attempt it reports unchanged, and which still runs, then costs at most one small
+-- write: its lease in the sorted set, every other renewal (when less than two thirds
+-- of a lease is left), its record untouched. Should such renewals stop, its lease
+-- follows the holder's while that lives (expire.lua). A changed report is recorded.
 --
 -- KEYS[1] = counters hash
 -- KEYS[2] = attempts hash
@@ -27,9 +32,12 @@ local now, worker, lease, holder = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 if holder ~= '' then redis.call('ZADD', KEYS[6], now + lease, holder) end
 
 local function renew(aid, seq, tokens, rid, tool, changed)
-  -- still running (in the leases set, not in doubt) and nothing new: the holder's
-  -- lease, renewed above, is the attempt's
-  if holder ~= '' and changed == '0' and redis.call('ZSCORE', leases, aid) then
+  -- still running (in the leases set, not in doubt) and nothing new
+  local expiry = holder ~= '' and changed == '0' and redis.call('ZSCORE', leases, aid)
+  if expiry then
+    if tonumber(expiry) < now + 2 * lease / 3 then
+      redis.call('ZADD', leases, now + lease, aid)
+    end
     return {'ok', ''}
   end
   local a = get_json(attempts, aid)

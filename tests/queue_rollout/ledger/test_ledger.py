@@ -259,7 +259,7 @@ def test_progress_renews_the_lease_and_revives_a_doubtful_attempt(make_ledger, c
     assert (c["running"], c["doubtful"]) == (1, 0)
 
 
-def test_a_holder_s_renewal_of_an_unchanged_attempt_writes_nothing_of_it_and_its_lease_follows_the_holder_s(  # noqa: E501
+def test_a_holder_s_renewal_of_an_unchanged_attempt_leaves_its_record_and_its_lease_follows_the_holder_s(  # noqa: E501
         make_ledger, clock):
     ledger = make_ledger(group_size=2, max_concurrent_samples=2)
     ledger.submit(trivial_prompts(1))
@@ -268,28 +268,49 @@ def test_a_holder_s_renewal_of_an_unchanged_attempt_writes_nothing_of_it_and_its
         assert ledger.start(aid, "w", "r", "boot", 30, holder="w/p1").status == "started"
     assert ledger.attempt(a).holder == "w/p1"
     record = ledger.client.hget(ledger.keys.attempts, a)
-    clock.advance(20)
-    answers = ledger.renew("w", 30, [Renewal(a, 1, changed=False),
+    t0 = clock.now
+    clock.advance(5)  # 25 s of a's lease left: nothing written
+    assert ledger.renew("w", 30, [Renewal(a, 1, changed=False)], holder="w/p1")[0].status == "ok"
+    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(t0 + 30)
+    clock.advance(15)  # 10 s left, under two thirds of a lease: the lease alone renewed
+    answers = ledger.renew("w", 30, [Renewal(a, 2, changed=False),
                                      Renewal(b, 1, tokens=9, changed=True)], holder="w/p1")
     assert [x.status for x in answers] == ["ok", "ok"]
-    assert ledger.client.hget(ledger.keys.attempts, a) == record  # not written
-    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 10)
-    assert ledger.attempt(b).tokens == 9  # a change is recorded, its own lease renewed
+    assert ledger.client.hget(ledger.keys.attempts, a) == record  # its record untouched
+    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 30)
+    assert ledger.attempt(b).tokens == 9  # a change is recorded, its lease renewed
     assert ledger.client.zscore(ledger.keys.leases, b) == pytest.approx(clock.now + 30)
     assert ledger.client.zscore(ledger.keys.holders, "w/p1") == pytest.approx(clock.now + 30)
-    clock.advance(15)  # a's own lease ran out; the holder's has 15 s to go
+    clock.advance(25)  # the process renews its own lease and reports no attempt
+    ledger.renew("w", 30, [], holder="w/p1")
+    clock.advance(10)  # both attempts' leases ran out; the holder's has 20 s to go
     assert ledger.expire_leases() == []
-    assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 15)
-    clock.advance(16)  # the holder renewed nothing: both leases run out
+    for aid in (a, b):
+        assert ledger.client.zscore(ledger.keys.leases, aid) == pytest.approx(clock.now + 20)
+    clock.advance(21)  # the holder renewed nothing: both leases run out
     assert sorted(ledger.expire_leases()) == sorted([a, b])
     assert ledger.attempt(a).cause == "lease_expired"
     assert ledger.client.zscore(ledger.keys.holders, "w/p1") is None
     # the holder reports again: an attempt in doubt is revived, however unchanged
-    assert ledger.renew("w", 30, [Renewal(a, 2, changed=False)],
+    assert ledger.renew("w", 30, [Renewal(a, 3, changed=False)],
                         holder="w/p1")[0].status == "revived"
     assert ledger.client.zscore(ledger.keys.leases, a) == pytest.approx(clock.now + 30)
     assert ledger.counters()["doubtful"] == 1 and examine(ledger.client, ledger.keys,
                                                               ledger.rollout.batch_size).ok
+
+
+@pytest.mark.parametrize("holder", ["w-gpu0/0a1b", 'w "odd" \\ name/0a1b'])
+def test_an_expired_lease_follows_its_holder_s_whatever_the_holder_s_name(make_ledger, clock,
+                                                                          holder):
+    ledger = make_ledger(group_size=1, max_concurrent_samples=1)
+    ledger.submit(trivial_prompts(1))
+    aid = admit_groups(ledger, 1)[0].attempt_ids[0]
+    ledger.start(aid, "w", "r", "b", 30, holder=holder)
+    clock.advance(29)
+    ledger.renew("w", 30, [], holder=holder)
+    clock.advance(2)
+    assert ledger.expire_leases() == []
+    assert ledger.client.zscore(ledger.keys.leases, aid) == pytest.approx(clock.now + 28)
 
 
 def test_an_attempt_without_a_holder_expires_with_its_own_lease(make_ledger, clock):

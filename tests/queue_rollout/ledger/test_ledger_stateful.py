@@ -55,7 +55,7 @@ from hypothesis.stateful import (
 from queue_rollout.config import RolloutConfig
 from queue_rollout.engines.base import turn_rid
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.ledger.core import Answer, Ledger
+from queue_rollout.ledger.core import Answer, Ledger, Renewal
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.keys import EVENTS_GROUP, episode_field
 from queue_rollout.ledger.records import SUPERSEDED, decode_attempt, decode_batch, decode_group
@@ -118,6 +118,7 @@ class MAttempt:
     lease: float | None = None
     doubt_at: float | None = None
     tool: bool = False  # its last renewal said it waits on a tool
+    holder: str | None = None  # the worker process whose lease its own follows
     p: str | None = None  # placement: the worker whose queue it waits on (queued)
     placed_at: float | None = None
 
@@ -182,6 +183,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.accepted_at_set = 0  # groups accepted by then
         self.paused = False
         self.c: collections.Counter[str] = collections.Counter()  # explicit counters
+        self.holders: dict[str, float] = {}  # lease holder -> its lease's expiry
         self.nonce = 0
 
     # -- setup -----------------------------------------------------------------------
@@ -307,8 +309,8 @@ class LedgerMachine(RuleBasedStateMachine):
         k = self.keys
         names = [k.counters, k.state, k.prompts, k.groups, k.attempts,
                  k.results, k.batches, k.replica_slots, k.replica_load, k.pending, k.outbox,
-                 k.ready, k.leases, k.doubt, k.replica_free, k.placed, k.events]
-        kinds = "hhhhhhhhhlllzzzzx"
+                 k.ready, k.leases, k.doubt, k.replica_free, k.placed, k.holders, k.events]
+        kinds = "hhhhhhhhhlllzzzzzx"
         raw = self._snapshot_script(keys=names, args=[kinds, EVENTS_GROUP])
         snap: dict[str, object] = {"pel": raw[-1]}
         for name, kind, value in zip(names, kinds, raw, strict=False):
@@ -420,13 +422,14 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- operations (predict, call, compare, apply) ----------------------------------
 
-    def do_start(self, aid: str, worker: str, boot: str) -> None:
+    def do_start(self, aid: str, worker: str, boot: str, holder: str = "") -> None:
         led = self.ledger
         if self.predict_start(aid, worker, boot) == "ignored":
-            self.expect_ignored("start", lambda: led.start(aid, worker, "rep", boot, LEASE_S))
+            self.expect_ignored("start", lambda: led.start(aid, worker, "rep", boot, LEASE_S,
+                                                           holder=holder))
             return
         a = self.attempts[aid]
-        ans = led.start(aid, worker, "rep", boot, LEASE_S)
+        ans = led.start(aid, worker, "rep", boot, LEASE_S, holder=holder)
         assert (ans.status, ans.group_id, ans.member, ans.attempt_number) == (
             "started", a.gid, a.m, a.n), ans
         if a.p is not None and a.p != worker:
@@ -434,6 +437,7 @@ class LedgerMachine(RuleBasedStateMachine):
         a.state, a.worker, a.boot, a.tool = "running", worker, boot, False
         a.seq, a.tokens, a.lease = 0, 0, self.clock.now + LEASE_S
         a.p = a.placed_at = None
+        a.holder = holder or None
         self.cov["started"] += 1
 
     def do_progress(self, aid: str, worker: str, seq: int, tokens: int,
@@ -714,8 +718,9 @@ class LedgerMachine(RuleBasedStateMachine):
             outcome = data.draw(st.sampled_from(["finished", "finished", "failed"]))
             tokens = data.draw(st.integers(0, 5), label="tokens")
             if a.state == "queued":
-                self.do_start(aid, data.draw(st.sampled_from(WORKERS), label="worker"),
-                              data.draw(st.sampled_from(BOOTS), label="boot"))
+                worker = data.draw(st.sampled_from(WORKERS), label="worker")
+                self.do_start(aid, worker, data.draw(st.sampled_from(BOOTS), label="boot"),
+                              data.draw(st.sampled_from(["", f"{worker}/p"]), label="holder"))
                 if not data.draw(st.booleans(), label="keep_running"):
                     self.do_finish(aid, a.m, outcome, tokens)
             elif data.draw(st.sampled_from(["finish", "progress"]), label="report") == "finish":
@@ -754,6 +759,67 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1, 10, 40, 99, 100, 150]))
     def advance_clock(self, seconds: int) -> None:
         self.clock.advance(seconds)
+
+    def held(self) -> dict[str, list[str]]:
+        """Lease holder -> its live attempts."""
+        out: dict[str, list[str]] = {}
+        for aid in self.live():
+            if (h := self.attempts[aid].holder) is not None:
+                out.setdefault(h, []).append(aid)
+        return out
+
+    @precondition(lambda self: self.held())
+    @rule(data=st.data())
+    def holder_renews(self, data: st.DataObject) -> None:
+        """A worker process renews its lease with some of its live attempts reporting
+        nothing new: a running one keeps its record (its lease renewed when under two
+        thirds of one is left), a doubtful one is revived."""
+        held = self.held()
+        holder = data.draw(st.sampled_from(sorted(held)), label="holder")
+        worker = self.attempts[held[holder][0]].worker
+        assert worker is not None
+        # some of its attempts, or none: those left out keep their leases as they are
+        aids = data.draw(st.lists(st.sampled_from(held[holder]), unique=True), label="aids")
+        renewals = [Renewal(aid, (self.attempts[aid].seq or 0) + 1, self.attempts[aid].tokens or 0,
+                            aid, self.attempts[aid].tool, changed=False) for aid in aids]
+        answers = self.ledger.renew(worker, LEASE_S, renewals, holder=holder)
+        self.holders[holder] = self.clock.now + LEASE_S
+        for r, ans in zip(renewals, answers, strict=True):
+            a = self.attempts[r.aid]
+            if a.state == "running":
+                assert ans == Answer("ok"), ans
+                assert a.lease is not None
+                if a.lease < self.clock.now + 2 * LEASE_S / 3:  # its lease alone renewed
+                    a.lease = self.clock.now + LEASE_S
+                    self.cov["holder:lease_renewed"] += 1
+                self.cov["holder:unchanged"] += 1
+                continue
+            assert ans == Answer("revived"), ans
+            a.state, a.doubt_at = "running", None
+            a.seq, a.lease = r.seq, self.clock.now + LEASE_S
+            self.cov["holder:revived"] += 1
+
+    @rule()
+    def sweep(self) -> None:
+        """The reconciler's lease sweep: an expired lease follows its holder's while
+        that lives, else the attempt becomes doubtful (lease_expired)."""
+        now = self.clock.now
+        self.holders = {h: t for h, t in self.holders.items() if t >= now}
+        expect = []
+        for aid in self.running():
+            a = self.attempts[aid]
+            assert a.lease is not None
+            if a.lease > now:
+                continue
+            if a.holder is not None and self.holders.get(a.holder, 0.0) > now:
+                a.lease = self.holders[a.holder]
+                self.cov["sweep:extended"] += 1
+                continue
+            a.state, a.doubt_at = "doubtful", now
+            self.c["doubts:lease_expired"] += 1
+            expect.append(aid)
+            self.cov["sweep:doubted"] += 1
+        assert sorted(self.ledger.expire_leases()) == sorted(expect)
 
     # -- rules: notifications that must be ignored ------------------------------------
 
@@ -1051,8 +1117,8 @@ class LedgerMachine(RuleBasedStateMachine):
             if a.state not in SUPERSEDED:  # the member's current attempt
                 assert self.episodes[(a.group_id, a.member)].aid == aid, (aid, a)
             if ma.state != "queued":
-                assert (a.worker, a.boot, a.seq, a.tokens) == (
-                    ma.worker, ma.boot, ma.seq, ma.tokens), (aid, a, ma)
+                assert (a.worker, a.boot, a.seq, a.tokens, a.holder) == (
+                    ma.worker, ma.boot, ma.seq, ma.tokens, ma.holder), (aid, a, ma)
         running = {aid for aid, a in attempts.items() if a.state == "running"}
         doubtful = {aid for aid, a in attempts.items() if a.state == "doubtful"}
         leases = {m.decode(): s for m, s in snap[k.leases]}
@@ -1064,6 +1130,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert score == live_atts[aid].lease, (aid, score, live_atts[aid])
         for aid, score in doubt.items():
             assert score == live_atts[aid].doubt_at, (aid, score, live_atts[aid])
+        assert {m.decode(): sc for m, sc in snap[k.holders]} == self.holders
 
         # I4: at most one result per episode, the one first recorded, never overwritten
         results = {f.decode(): v for f, v in snap[k.results].items()}
@@ -1307,5 +1374,49 @@ def test_placement_scenario(redis_url: str, mode: str) -> None:
         step("placement:moved", m.move, Draw(), "w0")              # to the shared queue
         step("placement:move_left_alone", m.move, Draw(), "w0")    # not an attempt
         step("placement:retry_to_shared", m.do_retry, c1, "stopped", "worker_lost")
+    finally:
+        client.close()
+
+
+class Scripted:
+    """A rule's draws, scripted: each draw answers the next value."""
+
+    def __init__(self, *values: object) -> None:
+        self.values = iter(values)
+
+    def draw(self, strategy: object, label: str = "") -> object:
+        return next(self.values)
+
+
+def test_lease_holder_scenario(redis_url: str) -> None:
+    """A lease holder's paths in order, with the same model and checks: renewals that
+    leave an attempt's record alone (its lease renewed under two thirds of one left),
+    its lease extended to the holder's by the sweep once its own ran out, doubted once
+    the holder's did too, revived by the holder's next renewal."""
+    client = redis.Redis.from_url(redis_url)
+    key = "scenario-holder"
+    COVERAGE[key].clear()
+    cov = COVERAGE[key]
+    m = LedgerMachine(client, "sample", coverage=key)
+    m.setup(G=2, B=1, groups_cap=2, extra=1, staleness=2)
+    step = stepper(m, cov)
+    try:
+        m.do_admit()
+        a0, a1 = (m.episodes[("p0", i)].aid for i in range(2))
+        m.do_start(a0, "w0", "b0", "w0/p")
+        m.do_start(a1, "w0", "b0", "w0/p")
+        m.advance_clock(1)
+        step("holder:unchanged", m.holder_renews, Scripted("w0/p", [a0]))   # 29 s left
+        m.advance_clock(10)
+        step("holder:lease_renewed", m.holder_renews, Scripted("w0/p", [a0]))  # 19 s
+        m.advance_clock(10)
+        m.holder_renews(Scripted("w0/p", []))  # the holder's lease alone: to 51 s
+        m.ledger_matches_model()
+        m.advance_clock(10)  # a1's own lease ran out at 30 s; the holder's lasts to 51
+        step("sweep:extended", m.sweep)
+        m.advance_clock(40)
+        m.sweep()
+        assert cov["sweep:doubted"] == 2
+        step("holder:revived", m.holder_renews, Scripted("w0/p", [a1]))
     finally:
         client.close()

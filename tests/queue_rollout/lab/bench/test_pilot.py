@@ -142,6 +142,16 @@ def test_a_small_long_tail_pilot_runs_both_modes_through_the_stack(small_long_ta
     # refill keeps more slots busy on a long tail (a ratio within one run, not a timing)
     assert s["mean_active_episodes"] > g["mean_active_episodes"]
     assert any("long-tail sample: batch 4/4 ready" in line for line in lines)
+    # completion order: every group delivered, the trained ones first
+    for mode in ("group", "sample"):
+        o = result["completion_order"][mode]
+        assert o["groups_submitted"] == len(runs[mode].delivered) == SMALL.prompts
+        assert o["groups_trained"] == min(SMALL.prompts, SMALL.train_batches * SMALL.batch_size)
+        assert 0 <= o["trained_from_first_submitted"] <= o["groups_trained"]
+        assert -1.0 <= o["order_tau"] <= 1.0
+    from queue_rollout.lab.bench.report import pilot_text
+
+    assert "completion order, sample: of the" in pilot_text(result)
     json.dumps(result)  # the --json line
     assert [row["max_staleness"] for row in sweep] == [0, 2]
     assert sweep[1]["sample"]["slot_occupancy"] > sweep[0]["sample"]["slot_occupancy"]

@@ -94,14 +94,13 @@ def test_priced_renewals_give_the_lease_term():
     assert "one attempt's renewal 2.00 us" in redis_load_text(out)
     assert out["extension_us"] is None and "extension" not in redis_load_text(out)
     # the sweeps priced too: 25.6 ms above the running rate for 6,400 extensions, 4 us
-    # (0.4 units) each, at most one per 20 s: 0.02 units/s beside the renewals' 0.02
+    # (0.4 units) each, beside the lease, not in it (renewed on time, none is needed)
     r.extensions, r.extension_count = window(2, 0.03288, evalsha=400), 6_400
-    r.extension_period_s = 20.0
     assert r.extension_ms == pytest.approx(0.004) and r.extension_units == pytest.approx(0.4)
-    assert r.lease_units_per_episode_s == pytest.approx(0.02 + 0.02)
+    assert r.lease_units_per_episode_s == pytest.approx(0.02)
     out = r.as_json()
     assert (out["extension_us"], out["extension_units"]) == (4.0, 0.4)
-    assert "extension to its holder's lease 4.00 us = 0.400 units, one per 20 s" in (
+    assert "the sweep's extension to the holder's lease 4.00 us = 0.400 units" in (
         redis_load_text(out))
 
 

@@ -34,3 +34,10 @@ def test_the_collector_counts_once_where_redis_load_measured_it_apart() -> None:
 def test_the_shipped_figures_load() -> None:
     costs = load_redis_costs()
     assert costs["profile"] == "redis-load" and costs["gpus"] >= 8
+
+
+def test_the_priced_lease_is_taken_where_the_json_has_it() -> None:
+    priced = {**COSTS, "lease_core_pct_per_episode": 0.0004}
+    h = headroom(priced, gpus=100, episodes_per_s=50.0, mean_holding=800.0,
+                 ledger_cpu_ms_per_episode=0.1)
+    assert h.leases_pct == pytest.approx(0.32)  # not the running window's 0.8
