@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from faultfarm import (
 from real_engine.vllm_server import VLLMServer, untied_model
 
 from queue_rollout import RolloutClient
+from queue_rollout.engines.concurrency import metric_totals
 from queue_rollout.engines.vllm import VLLMClient
 from queue_rollout.lab.bench.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
 from queue_rollout.ledger.embedded import EmbeddedRedis
@@ -97,6 +99,22 @@ def greedy_ids(url: str) -> list[int]:
     return g.output_ids
 
 
+#: Tokens a replica generates for a wave before the update: with its requests decoding
+#: together, a few tokens each, and far less than the longest member's 1,800.
+DECODED = 64
+
+
+def generated(url: str) -> float:
+    """Tokens the vLLM server at *url* has generated so far (its counter moves each step)."""
+    return metric_totals(VLLMClient(url).metrics(timeout=10.0)).get(
+        "vllm:generation_tokens_total", 0.0)
+
+
+def decoding(since: dict[str, float]) -> bool:
+    """Each replica has generated *DECODED* tokens more than its count in *since*."""
+    return all(generated(url) - count >= DECODED for url, count in since.items())
+
+
 def test_weight_updates_during_running_episodes(
         tmp_path: Path, vllm_replicas: list[VLLMServer], vllm_python: str) -> None:
     """Three waves of episodes; in the middle of each the trainer loads other weights
@@ -115,7 +133,8 @@ def test_weight_updates_during_running_episodes(
     assert reference[seed0] != reference[seed1]
     waves = [seed1, seed0, seed1]
     versions: dict[int, set[tuple[int, ...]]] = {}
-    farm = UpFarm(tmp_path / "farm", "vllm-weights", [s.url for s in vllm_replicas],
+    urls = [s.url for s in vllm_replicas]
+    farm = UpFarm(tmp_path / "farm", "vllm-weights", urls,
                   "sample", {"group_size": G, "kind": "vllm", "pause_mode": "abort", "lease": 10,
                              "doubt": 20},
                   appendfsync=FSYNC)
@@ -124,11 +143,14 @@ def test_weight_updates_during_running_episodes(
             for version, weights in enumerate(waves, start=1):
                 lengths = {f"w{version}-{i}": [LENGTHS[(i + m) % len(LENGTHS)] * 3
                                                for m in range(G)] for i in range(4)}
+                before = {url: generated(url) for url in urls}
                 client.submit([{"id": gid, "prompt": f"vllm weights {gid}",
                                 "member_lengths": ls} for gid, ls in lengths.items()])
                 wait_for(lambda: client.status()["active_episodes"] >= 4, 90,
                          "episodes running")
-                time.sleep(1.0)  # under way on the replicas (their gauges lag)
+                # Every replica well into decoding this wave (a few steps of each
+                # request it runs), far from the end of the longest members.
+                wait_for(partial(decoding, before), 120, "the wave decoding on every replica")
                 client.update_weights(weights, version)
                 got = consume(client, lengths, timeout=400)
                 assert not got.wrong and not got.lost and got.duplicated == 0, (
