@@ -85,9 +85,9 @@ class LeaseKeeper:
     """One thread per worker process renews the leases of all its running attempts
     together, every lease / 3, in one ledger call (not one per episode). The process is
     their lease holder (:attr:`holder`, named when each starts): the call renews its
-    lease once, and an attempt that reports nothing new since the last call costs no
-    write, its lease following the holder's. An attempt the
-    ledger no longer knows as this worker's (superseded, lost) is aborted on the
+    lease once, and an attempt that reports nothing new since the last call keeps its
+    record (its lease alone renewed, every other call). An attempt the ledger no longer
+    knows as this worker's (superseded, lost) is aborted on the
     replica; after the shutdown grace, every attempt still running is. Aborts go out on
     a second thread: a slow replica delays no renewal, and no episode waits on the
     replica to end or to record its request."""

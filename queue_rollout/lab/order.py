@@ -32,17 +32,21 @@ def completion_order(lengths: Mapping[str, Sequence[int]], submitted: Sequence[s
     """*lengths*: each group's members' output lengths as submitted (which the episodes
     produce exactly); *submitted* and *delivered*: group ids in submission and delivery
     order; *trained*: the groups the trainer trained on, the first delivered. Their mean
-    output length per member against all submitted groups', how many of them came from
-    the first that many submitted, and the rank correlations of delivery order with
-    submission order and with a group's length (positive: longer groups later)."""
+    output length per member against the groups not trained on (delivered later or
+    never) and against all submitted, how many of them came from the first that many
+    submitted, and the rank correlations of delivery order with submission order and
+    with a group's length (positive: longer groups later)."""
     index = {g: i for i, g in enumerate(submitted)}
     mean_length = {g: statistics.fmean(lengths[g]) for g in submitted}
     first = list(delivered[:trained])
+    taken = set(first)
+    rest = [mean_length[g] for g in submitted if g not in taken]
     rank = list(range(len(delivered)))
     return {
         "groups_submitted": len(submitted), "groups_trained": len(first),
         "trained_from_first_submitted": sum(index[g] < len(first) for g in first),
         "length_trained": mean_interval([mean_length[g] for g in first]),
+        "length_not_trained": mean_interval(rest) if rest else None,
         "length_submitted": mean_interval(list(mean_length.values())),
         "order_tau": round(kendall_tau([index[g] for g in delivered], rank), 4),
         "length_order_tau": round(kendall_tau([mean_length[g] for g in delivered], rank), 4),

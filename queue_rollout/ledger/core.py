@@ -71,7 +71,7 @@ class Renewal:
     """What a lease renewal reports for one attempt: its sequence number (growing),
     output tokens so far, the rid of its request in flight (its attempt id, or a later
     turn's or piece's), whether it waits on a tool, and whether any of these *changed*
-    since its lease holder last reported it (an unchanged one costs no write)."""
+    since its lease holder last reported it (an unchanged one leaves its record alone)."""
 
     aid: str
     seq: int
@@ -237,8 +237,10 @@ class Ledger:
               holder: str = "") -> list[Answer]:
         """Heartbeat of several attempts of *worker* in one call, with what each reports
         (:class:`Renewal`); one answer each. Each is renewed for *lease_s*; from a lease
-        *holder* (the worker process that started them) its own lease is renewed once
-        and an attempt that reports nothing new follows it (:meth:`expire_leases`)."""
+        *holder* (the worker process that started them) the holder's own lease is
+        renewed once, and an attempt that reports nothing new keeps its record, its
+        lease renewed when under two thirds of one is left (should such renewals stop,
+        it follows the holder's: :meth:`expire_leases`)."""
         k = self.keys
         args: list[object] = [worker, repr(float(lease_s)), holder]
         for r in attempts:

@@ -96,6 +96,11 @@ SEED_HEADER = ("metric (reference units)", "ideal group", "ideal sample", "ideal
                "stack change", "seed group", "seed sample", "seed change")
 
 
+def _interval(x: dict[str, float] | None) -> str:
+    """A mean with its 95% interval (:func:`~queue_rollout.lab.order.mean_interval`)."""
+    return "-" if x is None else f"{x['mean']:g} ({x['low']:g}-{x['high']:g})"
+
+
 def pilot_text(result: dict[str, Any]) -> str:
     sc = result["scale"]
     lines = [f"bench {result['profile']}: measured at time x{sc['time']:g}, tokens "
@@ -115,14 +120,14 @@ def pilot_text(result: dict[str, Any]) -> str:
         lines.append(f"  {SEED_HEADER[0]:<34}" + "".join(f"{h:>13}" for h in SEED_HEADER[1:]))
         lines += [f"  {row[0]:<34}" + "".join(f"{v:>13}" for v in row[1:]) for row in rows]
     for mode, o in (result.get("completion_order") or {}).items():
-        trained, submitted = o["length_trained"], o["length_submitted"]
         lines.append(
             f"  completion order, {mode}: of the {o['groups_trained']} groups trained, "
             f"{o['trained_from_first_submitted']} from the first {o['groups_trained']} "
-            f"submitted; tokens per member {trained['mean']:g} ({trained['low']:g}-"
-            f"{trained['high']:g}) against {submitted['mean']:g} ({submitted['low']:g}-"
-            f"{submitted['high']:g}) submitted; rank correlation of delivery order with "
-            f"submission order {o['order_tau']:.3f}, with length {o['length_order_tau']:.3f}")
+            f"submitted; tokens per member {_interval(o['length_trained'])} against "
+            f"{_interval(o.get('length_not_trained'))} not trained, "
+            f"{_interval(o['length_submitted'])} submitted; rank correlation of delivery "
+            f"order with submission order {o['order_tau']:.3f}, with length "
+            f"{o['length_order_tau']:.3f}")
     for row in result.get("sensitivity", []):
         lines.append(f"  sensitivity, {row['choice']}: sample vs group " + ", ".join(
             f"{k} {_change(v)}" for k, v in row["change"].items() if v is not None))

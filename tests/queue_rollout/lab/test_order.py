@@ -30,8 +30,10 @@ def test_short_groups_delivered_first_show_in_every_figure():
     assert (out["groups_submitted"], out["groups_trained"]) == (4, 2)
     assert out["trained_from_first_submitted"] == 1  # b of a, b
     assert out["length_trained"] == {"mean": 8.0, "low": 8.0, "high": 8.0}
+    assert out["length_not_trained"] == {"mean": 64.0, "low": 64.0, "high": 64.0}
     assert out["length_submitted"]["mean"] == 36.0
     assert out["order_tau"] == pytest.approx(round(kendall_tau([1, 3, 0, 2], [0, 1, 2, 3]), 4))
     assert out["length_order_tau"] > 0  # longer groups later
     in_order = completion_order(lengths, ["a", "b", "c", "d"], ["a", "b", "c", "d"], 2)
     assert in_order["order_tau"] == 1.0 and in_order["trained_from_first_submitted"] == 2
+    assert completion_order(lengths, ["a", "b"], ["a", "b"], 2)["length_not_trained"] is None
