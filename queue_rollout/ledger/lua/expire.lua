@@ -1,9 +1,9 @@
 -- expire.lua: the running attempts whose lease has run out. An attempt's lease is its
--- own (renewed when it reports progress) or, while its lease holder (the worker
--- process that runs it) is live, the holder's: such an attempt's lease is extended to
--- the holder's, so a process renews one lease for all it runs and each attempt costs a
--- write about once a lease, not at every renewal. An attempt whose holder's lease has
--- run out too (or that has none) becomes doubtful ('lease_expired'), as doubt.lua does.
+-- own (renewed by its process's renewals, progress.lua) or, while its lease holder (the
+-- worker process that runs it) is live, the holder's: an attempt whose own renewals
+-- stopped while its process still renews is extended to the holder's lease, not
+-- doubted. An attempt whose holder's lease has run out too (or that has none) becomes
+-- doubtful ('lease_expired'), as doubt.lua does.
 -- Holders whose lease has run out leave the holders set; an entry with no running
 -- attempt behind it leaves the leases set (counted as ignored).
 --
