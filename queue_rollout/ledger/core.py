@@ -91,8 +91,21 @@ BLOCK_REASONS = ("capacity", "staleness", "paused", "placement")
 
 
 @dataclass(frozen=True, slots=True)
+class Reservation:
+    """The control Redis's answer for a group to admit on a farm of several cells: its
+    budget held (``reserved``, or ``already`` for a group reserved before, with that
+    call's cell), or ``blocked`` (``paused``, ``staleness``)."""
+
+    status: Literal["reserved", "already", "blocked"]
+    reason: str = ""
+    version: int = 0  # the policy version the group is admitted under
+    cell: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
-    status: Literal["admitted", "blocked", "empty"]
+    #: already: the reserved group this cell admitted before (its attempts, as then)
+    status: Literal["admitted", "already", "blocked", "empty"]
     #: blocked: one of :data:`BLOCK_REASONS`
     reason: str = ""
     group_id: str = ""
@@ -173,7 +186,7 @@ class Ledger:
             return Answer(status, group_complete=detail == "group_complete")
         if status == "retried":
             return Answer(status, attempt_id=detail)
-        if status in ("acked", "submitted"):
+        if status in ("acked", "submitted", "consumed"):
             return Answer(status, count=int(detail))
         return Answer(status)
 
@@ -191,24 +204,64 @@ class Ledger:
             return Answer("duplicate", duplicates=tuple(_s(x) for x in reply[1:]))
         return Answer("submitted", count=int(reply[1]))
 
-    def admit(self, live_worker_slots: int | None = None) -> Admission:
-        """Admit the next pending prompt as a group, if pause, staleness and slots allow."""
+    def admit(self, live_worker_slots: int | None = None, *,
+              reserved: tuple[str, int] | None = None) -> Admission:
+        """Admit the next pending prompt as a group, if pause, staleness and slots allow.
+        On a cell of a farm of several, *reserved* is the group (the next pending one)
+        and version the control Redis reserved (:meth:`reserve`): pause and budget were
+        decided there, slots are decided here."""
         r, k = self.rollout, self.keys
         aids = [new_attempt_id() for _ in range(r.group_size)]
+        cell_args = [reserved[0], reserved[1]] if reserved is not None else []
         reply = self._call(
             "admit",
             [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox,
              k.replica_free, k.replica_load, k.placed, k.refusals, k.history, k.history_index],
             r.group_size, r.batch_size, r.capacity_slots(live_worker_slots),
             r.max_staleness, r.mode, r.placement, self.history.max_groups,
-            self.history.ttl_s, *aids,
+            self.history.ttl_s, *aids, *cell_args,
         )
         status = _s(reply[0])
+        if status == "already":
+            return Admission("already", "", _s(reply[1]), tuple(_s(a) for a in reply[2:]))
         if status == "admitted":
             g = r.group_size
             return Admission("admitted", "", _s(reply[1]), tuple(_s(a) for a in reply[2:2 + g]),
                              tuple(_s(w) for w in reply[2 + g:]))
         return Admission(status, _s(reply[1]))  # type: ignore[arg-type]
+
+    def reserve(self, group_id: str, cell: str) -> Reservation:
+        """On the control Redis of a farm of several cells: hold the farm-wide staleness
+        budget for *group_id*, to be admitted by *cell* (:meth:`admit` there, with the
+        answer's version), if the farm is not paused. Reserving it again answers the
+        first reservation."""
+        r, k = self.rollout, self.keys
+        reply = self._call("reserve", [k.counters, k.state, k.groups, k.refusals],
+                           group_id, cell, r.group_size, r.batch_size, r.max_staleness, r.mode)
+        status = _s(reply[0])
+        if status == "blocked":
+            return Reservation("blocked", reason=_s(reply[1]))
+        return Reservation(status,  # type: ignore[arg-type]
+                           version=int(reply[1]), cell=_s(reply[2]) if len(reply) > 2 else cell)
+
+    def settle(self, group_id: str, *, accept: bool, reason: str = "") -> Answer:
+        """On the control Redis of a farm of several cells: the verdict on a group its
+        cell completed, before the cell's :meth:`judge`: ``accepted`` (onto the farm's
+        ready list) or ``rejected`` (its budget given back). A group settled before
+        answers its first verdict and nothing changes."""
+        k = self.keys
+        return self._answer("settle", [k.counters, k.groups, k.ready], group_id,
+                            "accept" if accept else "reject", reason)
+
+    def consume(self, batch_id: str, consumer: str, group_ids: Iterable[str]) -> Answer:
+        """In a cell of a farm of several: the groups of a batch acknowledged on the
+        control Redis (:meth:`ack` there) that this cell ran are consumed and their
+        detail deleted; ``consumed`` with the ``count`` this call consumed (sent again,
+        0)."""
+        k = self.keys
+        return self._answer("consume", [k.counters, k.groups, k.ready, k.prompts, k.attempts,
+                                        k.results, k.history],
+                            batch_id, consumer, *group_ids)
 
     # -- attempts ----------------------------------------------------------------------
 
@@ -494,6 +547,25 @@ class Ledger:
     def group(self, group_id: str) -> GroupRecord | None:
         raw = self._hget(self.keys.groups, group_id)
         return decode_group(raw) if raw else None
+
+    def groups(self, group_ids: list[str]) -> list[GroupRecord | None]:
+        """The records of *group_ids*, in one round trip (None for one not on record)."""
+        if not group_ids:
+            return []
+        with translate_errors(self._url):
+            raws = self.client.hmget(self.keys.groups, group_ids)
+        return [decode_group(raw) if raw else None for raw in raws]
+
+    def next_pending(self) -> str | None:
+        """The submitted group admission takes next, if any."""
+        with translate_errors(self._url):
+            raw = self.client.lindex(self.keys.pending, 0)
+        return _s(raw) if raw is not None else None
+
+    def ready_groups(self) -> list[str]:
+        """The accepted groups waiting for a batch, in their order."""
+        with translate_errors(self._url):
+            return [_s(g) for g in self.client.lrange(self.keys.ready, 0, -1)]
 
     def member_attempts(self, group_id: str, member: int) -> list[tuple[str, AttemptRecord]]:
         """Every attempt of one member still on record, oldest first."""

@@ -37,11 +37,14 @@ class GroupRecord(msgspec.Struct, frozen=True):
     delivered_version: int | None = msgspec.field(default=None, name="dv")
     released: int | None = None  # how many times its batch was released (``release``)
     released_at: float | None = None
+    #: on the control Redis of a farm of several cells: the cell that runs it (its
+    #: attempts are that cell's, none here)
+    cell: str | None = None
 
     @property
     def attempt_ids(self) -> list[str]:
         """Every attempt id the group ever had, in creation order."""
-        return self.aids.split(",")
+        return self.aids.split(",") if self.aids else []
 
     @property
     def slots_held(self) -> int:

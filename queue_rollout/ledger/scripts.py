@@ -24,7 +24,7 @@ _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)\] = ", re.MULTILINE)
 OPERATIONS = (
     "submit", "admit", "start", "progress", "expire", "finish", "doubt", "retry",
     "judge", "pop_batch", "ack", "release", "set_version", "set_paused", "lead", "move",
-    "replicas",
+    "replicas", "reserve", "settle", "consume",
 )
 
 

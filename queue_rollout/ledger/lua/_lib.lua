@@ -41,6 +41,34 @@ local function episode_field(gid, m)
   return gid .. '/' .. m
 end
 
+-- Whether one more group in flight would pass the staleness budget, and the policy
+-- version: the budget admits while (accepted - baseline) + in_flight <= (max_staleness
+-- + version + 1) * B, the accepted groups counted from the baseline set_version keeps
+-- (set_version.lua says why).
+local function over_budget(counters, state, B, max_staleness)
+  local st = redis.call('HMGET', state, 'version', 'budget_baseline')
+  local version, baseline = tonumber(st[1] or '0'), tonumber(st[2] or '0')
+  return counter(counters, 'accepted') - baseline + counter(counters, 'in_flight') + 1
+    > (max_staleness + version + 1) * B, version
+end
+
+-- An admission refused for *reason*: counted, and kept in the recent refusals hash
+-- (reason -> JSON [10-second bucket, its count and the 5 before it's, oldest first]).
+local function refuse_admission(counters, refusals, now, reason)
+  bump(counters, 'blocked:' .. reason, 1)
+  local bucket = math.floor(now / 10)
+  local raw = redis.call('HGET', refusals, reason)
+  local counts = {0, 0, 0, 0, 0, 0}
+  if raw then
+    local old = cjson.decode(raw)
+    local shift = math.max(0, bucket - old[1])  -- 0 also when the clock stepped back
+    for i = 1, 6 - shift do counts[i] = old[i + 1 + shift] end
+  end
+  counts[6] = counts[6] + 1
+  redis.call('HSET', refusals, reason, cjson.encode({bucket, unpack(counts)}))
+  return {'blocked', reason}
+end
+
 -- Every refusal of a notification goes through here: counted, and answered
 -- {'ignored', reason} so the caller can log it.
 local function ignored(counters, reason)

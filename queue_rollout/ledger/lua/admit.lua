@@ -29,7 +29,12 @@
 -- ARGV[8] = history: the groups whose story is kept (0: none)
 -- ARGV[9] = history: seconds a group's story is kept after its admission
 -- ARGV[10 .. 9+G] = the G new attempt ids, one per member
+-- ARGV[10+G] = on a farm of several cells, the group the control Redis reserved for
+--              this cell (reserve.lua), which must be the next pending one; '' or
+--              absent: the next pending group, the pause and the budget checked here
+-- ARGV[11+G] = the reserved group's policy version (what reserve.lua answered)
 -- Returns {'admitted', gid, aid0, ..., aidG-1[, worker0, ..., workerG-1 when placed]}
+--       | {'already', gid, aid0, ..., aidG-1} (the reserved group was admitted before)
 --       | {'blocked', 'paused'|'staleness'|'capacity'|'placement'} | {'empty', ''}
 
 local counters, state = KEYS[1], KEYS[2]
@@ -39,36 +44,38 @@ local capacity, max_staleness = tonumber(ARGV[4]), tonumber(ARGV[5])
 local mode, placement = ARGV[6], ARGV[7]
 local history_kept, history_s = tonumber(ARGV[8]), tonumber(ARGV[9])
 local first_aid = 10
+local reserved = ARGV[first_aid + G] or ''
 local HISTORY_DROPS = 8
 
 local function refuse(reason)
-  bump(counters, 'blocked:' .. reason, 1)
-  local bucket = math.floor(now / 10)
-  local raw = redis.call('HGET', KEYS[10], reason)
-  local counts = {0, 0, 0, 0, 0, 0}
-  if raw then
-    local old = cjson.decode(raw)
-    local shift = math.max(0, bucket - old[1])  -- 0 also when the clock stepped back
-    for i = 1, 6 - shift do counts[i] = old[i + 1 + shift] end
-  end
-  counts[6] = counts[6] + 1
-  redis.call('HSET', KEYS[10], reason, cjson.encode({bucket, unpack(counts)}))
-  return {'blocked', reason}
+  return refuse_admission(counters, KEYS[10], now, reason)
 end
 
-if redis.call('HGET', state, 'paused') == '1' then
-  return refuse('paused')
-end
-if redis.call('LLEN', KEYS[3]) == 0 then
-  return {'empty', ''}
-end
-local st = redis.call('HMGET', state, 'version', 'budget_baseline')
-local version, baseline = tonumber(st[1] or '0'), tonumber(st[2] or '0')
-local in_flight = counter(counters, 'in_flight')
--- accepted counts from the baseline set_version keeps (set_version.lua says why)
-if counter(counters, 'accepted') - baseline + in_flight + 1
-    > (max_staleness + version + 1) * B then
-  return refuse('staleness')
+local version
+if reserved ~= '' then
+  -- the pause and the budget were the control Redis's to decide
+  local g = get_json(KEYS[4], reserved)
+  if g then
+    local out = {'already', reserved}
+    for aid in string.gmatch(g.aids, '[^,]+') do out[#out + 1] = aid end
+    return out
+  end
+  if redis.call('LINDEX', KEYS[3], 0) ~= reserved then
+    return redis.error_reply('admit: reserved group ' .. reserved .. ' is not the next pending')
+  end
+  version = tonumber(ARGV[first_aid + G + 1])
+else
+  if redis.call('HGET', state, 'paused') == '1' then
+    return refuse('paused')
+  end
+  if redis.call('LLEN', KEYS[3]) == 0 then
+    return {'empty', ''}
+  end
+  local over
+  over, version = over_budget(counters, state, B, max_staleness)
+  if over then
+    return refuse('staleness')
+  end
 end
 if counter(counters, 'reserved') + G > capacity then
   return refuse('capacity')

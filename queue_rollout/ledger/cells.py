@@ -1,0 +1,85 @@
+"""The steps that span two Redis servers on a farm of several cells.
+
+A cell is a farm ledger as on a farm of one (its slots, attempts, leases, results and
+job queues, its own judgement of the groups it ran); the control Redis holds what is
+farm-wide (the policy version and pause flag, the staleness budget, the farm's ready
+groups and batches). A step that needs both takes the farm-wide decision first, in
+one idempotent script keyed by the group, then the cell's, so that a crash between
+the two can leave budget held for a group not started yet (less admitted for a while),
+never more admitted than the budget allows; the same step run again finishes it.
+
+Each step here is one function of the control ledger and the cell ledger(s): the
+collector and the trainer's client call them, tests drive them with a crash between
+the halves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from queue_rollout.errors import LedgerError
+from queue_rollout.ledger.core import Admission, Answer, Ledger
+from queue_rollout.ledger.records import BatchRecord
+
+
+def admit_next(control: Ledger, cell: Ledger, name: str,
+               live_worker_slots: int | None = None) -> Admission:
+    """Admit cell *name*'s next pending group: the farm-wide budget reserved on
+    *control* (a group reserved before, whose admission a crash cut short, answers
+    that reservation again), then the group admitted in *cell* under the reserved
+    version, its slots the cell's to decide (without room there it waits, its budget
+    held, and the next call takes it again)."""
+    group_id = cell.next_pending()
+    if group_id is None:
+        return Admission("empty")
+    reservation = control.reserve(group_id, name)
+    if reservation.status == "blocked":
+        return Admission("blocked", reservation.reason)
+    if reservation.cell != name:
+        raise LedgerError(f"group {group_id} is pending in cell {name} but reserved for "
+                          f"cell {reservation.cell}")
+    return cell.admit(live_worker_slots, reserved=(group_id, reservation.version))
+
+
+def judge(control: Ledger, cell: Ledger, group_id: str, *, accept: bool, reason: str = "",
+          entry_id: str = "", detail: str = "") -> Answer:
+    """The verdict on a group *cell* completed: settled on *control* first (accepted,
+    it joins the farm's ready groups), then judged in the cell under the verdict
+    settled (the first one, should the group have been settled before a crash)."""
+    settled = control.settle(group_id, accept=accept, reason=reason)
+    if settled.ignored:
+        return settled
+    accepted = settled.status == "accepted"
+    return cell.judge(group_id, accept=accepted, reason=settled.reason, entry_id=entry_id,
+                      detail=detail if settled.reason == reason else "")
+
+
+def ack(control: Ledger, cells: Mapping[str, Ledger], consumer: str,
+        batch: BatchRecord) -> Answer:
+    """The trainer trained on *batch*: acknowledged on *control*, then each group's
+    detail deleted in the cell that ran it. Should a crash cut this short after the
+    acknowledgement, :func:`sweep_consumed` finishes it."""
+    answer = control.ack(consumer, batch.id)
+    if answer.status == "acked":
+        _consume(control, cells, list(batch.groups), batch.id, consumer)
+    return answer
+
+
+def sweep_consumed(control: Ledger, cells: Mapping[str, Ledger]) -> int:
+    """The groups still accepted in their cell that *control* has consumed (an
+    acknowledgement cut short after its first half), consumed in their cell. Returns
+    how many."""
+    return sum(_consume(control, {name: cell}, cell.ready_groups(), "", "")
+               for name, cell in cells.items())
+
+
+def _consume(control: Ledger, cells: Mapping[str, Ledger], group_ids: list[str],
+             batch_id: str, consumer: str) -> int:
+    """Of *group_ids*, those *control* has consumed, consumed in their cell (once: a
+    group consumed there already is passed over); how many this call consumed."""
+    by_cell: dict[str, list[str]] = {}
+    for group_id, record in zip(group_ids, control.groups(group_ids), strict=True):
+        if record is not None and record.state == "consumed" and record.cell is not None:
+            by_cell.setdefault(record.cell, []).append(group_id)
+    return sum(cells[name].consume(batch_id, consumer, ids).count
+               for name, ids in by_cell.items() if name in cells)
