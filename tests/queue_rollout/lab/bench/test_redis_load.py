@@ -136,7 +136,9 @@ def test_the_collector_counts_once_per_farm_not_once_per_gpu():
 def test_a_small_farm_is_measured_end_to_end(tmp_path):
     """With a replica following the Redis, not waited for (`--replicas 1`)."""
     lines: list[str] = []
-    res = run_redis_load_bench(gpus=1, slots=8, idle_s=1.0, run_s=1.0, burst_groups=16,
+    # idle windows of 2.5 s: an idle collector steps about once a second (IDLE_WAIT_S),
+    # so a window of 1 s on a loaded machine could fall between two of its steps
+    res = run_redis_load_bench(gpus=1, slots=8, idle_s=2.5, run_s=1.0, burst_groups=16,
                                burst_rounds=2, replicas=1, workdir=tmp_path,
                                progress=lines.append)
     out = res.as_json()
