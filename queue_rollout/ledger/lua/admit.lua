@@ -64,6 +64,9 @@ if reserved ~= '' then
     return redis.error_reply('admit: reserved group ' .. reserved .. ' is not the next pending')
   end
   version = tonumber(ARGV[first_aid + G + 1])
+  if not version then
+    return redis.error_reply('admit: reserved group ' .. reserved .. ' comes without its version')
+  end
 else
   if redis.call('HGET', state, 'paused') == '1' then
     return refuse('paused')

@@ -113,6 +113,13 @@ def test_a_cell_decides_its_slots_and_takes_only_its_next_pending_group(
     assert control.reserve("p1", "a").status == "already"  # its reservation waits
     with pytest.raises(LedgerError, match="not the next pending"):
         cell.admit(reserved=("p9", 0))
+    k = cell.keys
+    with pytest.raises(redis.ResponseError, match="without its version"):
+        cell._scripts.call(
+            "admit", [k.counters, k.state, k.pending, k.groups, k.attempts, k.outbox,
+                      k.replica_free, k.replica_load, k.placed, k.refusals, k.history,
+                      k.history_index],
+            [1, 2, 2, 2, 4, "sample", "any", 10, 60, "x1", "x2", "p1"])
     complete(cell, first)
     assert cells.admit_next(control, cell, "a").group_id == "p1"
     assert control.counters()["in_flight"] == 2
