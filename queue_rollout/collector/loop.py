@@ -14,6 +14,12 @@ leader:
 4. tick the reconciler;
 5. with ``timeouts.batch_ack`` set, release every batch unacknowledged for longer (its
    groups go to the next consumer that takes a batch), at most once a second.
+
+In a cell of a farm of several, the leader lease, the staleness budget, the verdicts
+and the batches are the control Redis's: admission and judgement take their
+farm-wide half there first (:mod:`queue_rollout.ledger.cells`), and every
+``SCAN_JOBS_EVERY`` steps the groups consumed on the control Redis but still
+accepted in the cell (an acknowledgement cut short) are consumed here.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from queue_rollout.collector.acceptance import GroupView, load_plugin, verdict
 from queue_rollout.collector.reconciler import Reconciler
 from queue_rollout.config import Config
 from queue_rollout.errors import BadInput, ClockSkewed, QueueRolloutError
+from queue_rollout.ledger import cells
 from queue_rollout.ledger.clock import check_clock
 from queue_rollout.ledger.connection import client_url, translate_errors
 from queue_rollout.ledger.core import Ledger
@@ -75,8 +82,16 @@ class StepReport:
 
 
 class Collector:
-    def __init__(self, ledger: Ledger, config: Config, *, name: str | None = None) -> None:
+    """The collector of a farm's ledger; in a cell of a farm of several, of the cell
+    *cell*, whose farm-wide half is the *control* ledger's."""
+
+    def __init__(self, ledger: Ledger, config: Config, *, name: str | None = None,
+                 control: Ledger | None = None, cell: str = "") -> None:
         self.ledger = ledger
+        self.control = control
+        self.cell = cell
+        #: where the leader lease and the batches are
+        self.farm = control if control is not None else ledger
         self.config = config
         self.keys = ledger.keys
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -106,7 +121,7 @@ class Collector:
             return self._step()
 
     def _step(self) -> StepReport:
-        leading, _holder = self.ledger.lead(self.name, self.config.timeouts.leader_lease)
+        leading, _holder = self.farm.lead(self.name, self.config.timeouts.leader_lease)
         if not leading:
             return StepReport(leader=False)
         report = StepReport(leader=True)
@@ -122,6 +137,8 @@ class Collector:
         tick = self.reconciler.tick(scan_jobs=self._steps % SCAN_JOBS_EVERY == 1,
                                     live_workers=live if placing else None)
         report.reconciled = len(tick.doubted) + len(tick.requeued) + len(tick.lost) + tick.moved
+        if self.control is not None and self._steps % SCAN_JOBS_EVERY == 1:
+            report.reconciled += cells.sweep_consumed(self.control, {self.cell: self.ledger})
         if tick.requeued or tick.lost:  # their new attempts wait in the outbox
             report.handed_over += flush_outbox(self.ledger.client, self.keys)
         report.reconciled += len(self.release_overdue())
@@ -137,15 +154,15 @@ class Collector:
         """With ``timeouts.batch_ack``: release each batch delivered longer ago than
         that and still unacknowledged; returns their ids. At most once a second."""
         limit = self.config.timeouts.batch_ack
-        now = self.ledger.clock()
+        now = self.farm.clock()
         if limit <= 0 or now < self._release_at:
             return []
         self._release_at = now + RELEASE_EVERY_S
         released = []
-        for batch in self.ledger.held():
+        for batch in self.farm.held():
             if now - batch.delivered_at <= limit:
                 break  # oldest first: the rest are younger
-            if self.ledger.release(batch.consumer, batch.id) is not None:
+            if self.farm.release(batch.consumer, batch.id) is not None:
                 log.warning("batch %s of consumer %s unacknowledged for %.0f s "
                             "(timeouts.batch_ack = %d): released to the next consumer",
                             batch.id, batch.consumer, now - batch.delivered_at, limit)
@@ -162,8 +179,9 @@ class Collector:
     def _admit(self, report: StepReport, live_slots: int | None) -> None:
         capacity = live_slots if self.config.rollout.max_concurrent_samples == "auto" else None
         while report.admitted < MAX_ADMIT_PER_STEP:
-            admission = self.ledger.admit(capacity)
-            if admission.status != "admitted":
+            admission = (self.ledger.admit(capacity) if self.control is None else
+                         cells.admit_next(self.control, self.ledger, self.cell, capacity))
+            if admission.status not in ("admitted", "already"):
                 report.blocked = admission.reason
                 return
             report.admitted += 1
@@ -202,12 +220,17 @@ class Collector:
         view = GroupView(group_id, json.loads(raw_prompt) if raw_prompt else {},
                          group.failed + unreadable, results)
         reason, detail = verdict(view, self.config.acceptance, self.plugin)
-        answer = self.ledger.judge(group_id, accept=not reason, reason=reason, entry_id=entry_id,
-                                   detail=detail)
-        if not answer.ignored:
-            report.judged[group_id] = reason
-            if reason:
-                log.info("group %s rejected: %s (%s)", group_id, reason, detail)
+        if self.control is None:
+            answer = self.ledger.judge(group_id, accept=not reason, reason=reason,
+                                       entry_id=entry_id, detail=detail)
+        else:
+            answer = cells.judge(self.control, self.ledger, group_id, accept=not reason,
+                                 reason=reason, entry_id=entry_id, detail=detail)
+        if not answer.ignored:  # the verdict taken: in a cell, the one settled first
+            report.judged[group_id] = answer.reason
+            if answer.reason:
+                log.info("group %s rejected: %s (%s)", group_id, answer.reason,
+                         detail if answer.reason == reason else "settled so before")
 
     def _result(self, group_id: str, member: int, raw: bytes | None) -> EpisodeResult | None:
         """A member's result; one that cannot be decoded counts as a failed member

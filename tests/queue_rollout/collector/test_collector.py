@@ -8,9 +8,11 @@ import sys
 
 import msgspec
 import pytest
+import redis
 
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import Config
+from queue_rollout.ledger import cells
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.keys import EVENTS_GROUP
 from queue_rollout.results import EpisodeResult, encode_result
@@ -139,3 +141,35 @@ def test_an_unreadable_result_does_not_block_the_collector(r, clock, caplog):
     ledger.finish(a1, 1, b"\xc1 not msgpack", output_tokens=1)
     assert collector.step().judged == {"p0": "failed_members"}  # unreadable counts as failed
     assert "group p0 member 1: unreadable result" in caplog.text
+
+
+def test_cell_collectors_share_the_control_redis_lead_budget_and_verdicts(redis_url, clock):
+    """A farm of two cells, the control Redis and the cells databases of one server:
+    one leader lease for all cells, one staleness budget (one group in flight here)."""
+    base = redis_url.rsplit("/", 1)[0]
+    clients = [redis.Redis.from_url(f"{base}/{db}") for db in (1, 2, 3)]
+    try:
+        (control, config), (a, _), (b, _) = (make(c, clock, max_staleness=0) for c in clients)
+        for name, cell in (("a", a), ("b", b)):
+            cell.submit([(f"{name}{i}", json.dumps({"prompt": "x"}).encode()) for i in range(2)])
+        on_a = Collector(a, config, name="c1", control=control, cell="a")
+        on_b = Collector(b, config, name="c1", control=control, cell="b")
+        assert on_a.step().admitted == 1
+        assert not Collector(b, config, name="c2", control=control, cell="b").step().leader
+        assert on_b.step().blocked == "staleness"
+        for aid in attempts(a, "a0"):
+            play(a, aid, 1.0)
+        assert on_a.step().judged == {"a0": ""}
+        assert control.ready_groups() == a.ready_groups() == ["a0"]
+        assert on_b.step().blocked == "staleness"  # accepted, not consumed yet
+        delivery = control.pop_batch("trainer")
+        assert delivery is not None
+        assert cells.ack(control, {"a": a, "b": b}, "trainer", delivery.batch).count == 1
+        control.set_version(1)
+        report = on_b.step()
+        assert (report.admitted, report.blocked) == (1, "staleness")
+        assert b.group("b0").version == 1 and control.group("b0").cell == "b"
+        assert a.group("a0").state == "consumed"
+    finally:
+        for c in clients:
+            c.close()
