@@ -15,7 +15,9 @@ the halves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
 
 from queue_rollout.errors import LedgerError
 from queue_rollout.ledger.core import Admission, Answer, Ledger
@@ -83,3 +85,45 @@ def _consume(control: Ledger, cells: Mapping[str, Ledger], group_ids: list[str],
             by_cell.setdefault(record.cell, []).append(group_id)
     return sum(cells[name].consume(batch_id, consumer, ids).count
                for name, ids in by_cell.items() if name in cells)
+
+
+def cell_for(group_id: str, weights: Mapping[str, float]) -> str:
+    """The cell a new group goes to: rendezvous hashing of its id over the cells, each
+    drawn in proportion to its weight (its slots). The same id always lands in the same
+    cell (whose own submission then refuses it a second time, so ids stay unique over
+    the farm), whichever process submits it; a change of weights moves only the ids
+    the changed cells win or lose."""
+    if not weights or any(w <= 0 for w in weights.values()):
+        raise ValueError(f"cells need positive weights, got {dict(weights)}")
+
+    def score(name: str) -> float:
+        digest = hashlib.blake2b(f"{name}\0{group_id}".encode(), digest_size=8).digest()
+        u = (int.from_bytes(digest, "big") + 0.5) / 2.0**64  # in (0, 1)
+        return -weights[name] / math.log(u)
+
+    return max(sorted(weights), key=score)
+
+
+def submit(cells: Mapping[str, Ledger], weights: Mapping[str, float],
+           prompts: Sequence[tuple[str, bytes]]) -> Answer:
+    """Prompts (id, prompt JSON), each to its cell (:func:`cell_for`), all or none:
+    ``submitted`` with their ``count``, or ``duplicate`` with the ids the farm knows
+    already (nothing added). Every cell is asked first; should a concurrent submission
+    of the same id win the race in between, the prompts already in other cells stay
+    and LedgerError says which."""
+    by_cell: dict[str, list[tuple[str, bytes]]] = {}
+    for pid, payload in prompts:
+        by_cell.setdefault(cell_for(pid, weights), []).append((pid, payload))
+    known = [pid for name, batch in by_cell.items()
+             for pid in cells[name].known([p for p, _ in batch])]
+    if known:
+        return Answer("duplicate", duplicates=tuple(known))
+    done: list[str] = []
+    for name, batch in by_cell.items():
+        answer = cells[name].submit(batch)
+        if answer.status == "duplicate":
+            raise LedgerError(f"submitted meanwhile by another client: "
+                              f"{', '.join(answer.duplicates)} (cell {name}); already "
+                              f"submitted: {', '.join(done) or 'none'}")
+        done += [pid for pid, _ in batch]
+    return Answer("submitted", count=len(done))

@@ -204,6 +204,19 @@ class Ledger:
             return Answer("duplicate", duplicates=tuple(_s(x) for x in reply[1:]))
         return Answer("submitted", count=int(reply[1]))
 
+    def known(self, prompt_ids: list[str]) -> list[str]:
+        """Of *prompt_ids*, those this ledger knows (pending, admitted or judged), as
+        :meth:`submit` would refuse them; read only."""
+        if not prompt_ids:
+            return []
+        with translate_errors(self._url):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(self.keys.prompts, prompt_ids)
+            pipe.hmget(self.keys.groups, prompt_ids)
+            prompts, groups = pipe.execute()
+        return [pid for pid, p, g in zip(prompt_ids, prompts, groups, strict=True)
+                if p is not None or g is not None]
+
     def admit(self, live_worker_slots: int | None = None, *,
               reserved: tuple[str, int] | None = None) -> Admission:
         """Admit the next pending prompt as a group, if pause, staleness and slots allow.

@@ -201,3 +201,37 @@ def test_a_group_reserved_for_another_cell_is_not_admitted_here(on_db: MakeLedge
         cells.admit_next(control, cell, "a")
     assert cell.counters().get("admitted", 0) == 0
     assert cells.admit_next(control, on_db(3), "b").status == "empty"
+
+
+def test_a_groups_cell_follows_its_id_in_proportion_to_the_weights() -> None:
+    ids = [f"g{i}" for i in range(4000)]
+    equal = {"a": 1.0, "b": 1.0, "c": 1.0}
+    counts = {name: 0 for name in equal}
+    for gid in ids:
+        counts[cells.cell_for(gid, equal)] += 1
+    assert all(1200 < n < 1470 for n in counts.values()), counts  # 1,333 each +- 5 sd
+    assert [cells.cell_for(g, equal) for g in ids[:50]] == [
+        cells.cell_for(g, dict(reversed(equal.items()))) for g in ids[:50]]  # order-free
+    heavy = {"a": 3.0, "b": 1.0}
+    share = sum(cells.cell_for(g, heavy) == "a" for g in ids) / len(ids)
+    assert 0.72 < share < 0.78, share
+    # a cell added takes ids from the others; none move between the cells that stay
+    grown = {**equal, "d": 1.0}
+    moved = [g for g in ids if cells.cell_for(g, grown) not in ("d", cells.cell_for(g, equal))]
+    assert moved == []
+    with pytest.raises(ValueError, match="positive"):
+        cells.cell_for("g", {"a": 0.0})
+
+
+def test_a_submission_goes_to_each_prompts_cell_all_or_none(on_db: MakeLedger) -> None:
+    farm = {"a": on_db(2), "b": on_db(3)}
+    weights = {"a": 1.0, "b": 1.0}
+    prompts = trivial_prompts(20)
+    assert cells.submit(farm, weights, prompts).count == 20
+    for name, cell in farm.items():
+        pending = [g.decode() for g in cell.client.lrange(cell.keys.pending, 0, -1)]
+        assert pending == [p for p, _ in prompts if cells.cell_for(p, weights) == name]
+        assert pending  # both cells got some
+    again = cells.submit(farm, weights, [*trivial_prompts(3, "new"), prompts[7]])
+    assert (again.status, again.duplicates) == ("duplicate", ("p7",))
+    assert sum(c.client.llen(c.keys.pending) for c in farm.values()) == 20  # none added
