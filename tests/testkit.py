@@ -24,6 +24,7 @@ from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
 from queue_rollout.engines.base import Generation
 from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
 from queue_rollout.procs import Supervised, cli_exe, stop_all
@@ -463,7 +464,12 @@ class WorkerFarm:
 def finish_all(client: RolloutClient,
                versions: tuple[tuple[int, int], ...] = ((0, 3),)) -> None:
     """Play the workers: every queued attempt runs and produces 3 tokens."""
-    ledger = client.ledger
+    finish_queued(client.ledger, versions)
+
+
+def finish_queued(ledger: Ledger, versions: tuple[tuple[int, int], ...] = ((0, 3),)) -> None:
+    """Play the workers of *ledger* (a farm's, or a cell's): every queued attempt runs
+    and produces 3 tokens, its member's number as its reward."""
     for raw in ledger.client.hkeys(ledger.keys.attempts):
         aid = raw.decode()
         a = ledger.attempt(aid)

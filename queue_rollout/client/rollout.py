@@ -19,6 +19,14 @@ last ledger changes in a Redis failover, among them a delivery or an acknowledge
 the groups involved are then delivered again, and the client drops the ones it trained
 on (a batch of nothing but those is acknowledged without reaching the trainer). A
 trainer that restarted in between has forgotten them and trains on them twice.
+
+On a farm of several cells (each a Redis of its own with its workers), the client's
+ledger is the control Redis's and *cells* name the cells' ledgers: a prompt goes to the
+cell its id hashes to, a group's results are read from its cell, an acknowledgement is
+taken on the control Redis and then in the cells, and the trainer's controls (pause,
+weights, version) reach every cell. The control Redis is the first to stop (pause) and
+the last to go on (resume, a new version), so nothing is admitted under a flag or a
+version the cells do not have yet.
 """
 
 from __future__ import annotations
@@ -43,13 +51,14 @@ from queue_rollout.errors import (
     InvariantViolation,
     RedisUnavailable,
 )
+from queue_rollout.ledger import cells as farm_cells
 from queue_rollout.ledger.clock import check_clock
 from queue_rollout.ledger.connection import (
     connect_config,
     mask_url,
     resolve_url,
 )
-from queue_rollout.ledger.core import Delivery, Ledger
+from queue_rollout.ledger.core import Answer, Delivery, Ledger
 from queue_rollout.ledger.registry import Ack, AckKind, Registry
 from queue_rollout.ledger.status import farm_status
 from queue_rollout.results import decode_result
@@ -117,14 +126,23 @@ def stand_in_training(seconds: float) -> Callable[[Batch], None]:
 
 class RolloutClient:
     def __init__(self, ledger: Ledger, config: Config, consumer: str = "trainer-0", *,
-                 tokenize: Callable[[str], list[int]] | None = None) -> None:
+                 tokenize: Callable[[str], list[int]] | None = None,
+                 cells: dict[str, Ledger] | None = None,
+                 weights: dict[str, float] | None = None) -> None:
         self.ledger = ledger
         self.config = config
         self.consumer = consumer
         #: text -> the token ids the replicas' engine makes of it (for SGLang: the model
         #: tokenizer's ``encode``); given, a text prompt is submitted as its ids
         self.tokenize = tokenize
+        #: a farm of several cells: each cell's ledger by name (``ledger`` the control
+        #: Redis's), and the weights new prompts are spread by (equal when not given)
+        self.cells = cells or {}
+        self.weights = weights or dict.fromkeys(self.cells, 1.0)
         self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease)
+        #: where workers register and answer the trainer's controls
+        self.registries = ([Registry(c.client, c.keys, config.timeouts.lease)
+                            for c in self.cells.values()] or [self.registry])
         self._received: dict[str, list[str]] = {}  # batch id -> group ids, not yet acked
         self._trained: OrderedDict[str, None] = OrderedDict()  # groups passed to ack()
         self._clock_checked_at = -math.inf
@@ -164,7 +182,8 @@ class RolloutClient:
                 raise BadInput(f"{where}: duplicate id {pid!r} (first as {seen[pid]})")
             seen[pid] = where
             checked.append((pid, raw))
-        answer = self.ledger.submit(checked)  # one script: checks every id, then writes
+        answer = (self.ledger.submit(checked)  # one script: checks every id, then writes
+                  if not self.cells else farm_cells.submit(self.cells, self.weights, checked))
         if answer.status == "duplicate":
             raise BadInput(known_ids_refusal(answer.duplicates, seen))
         return answer.count
@@ -187,7 +206,7 @@ class RolloutClient:
                 log.warning("batch %s holds only groups this trainer trained on (a ledger "
                             "change lost in a Redis failover): acknowledged untrained",
                             delivery.batch.id)
-                self.ledger.ack(self.consumer, delivery.batch.id)
+                self._ack(delivery.batch.id, gids)
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise BarrierTimeout(f"no batch of {self.config.rollout.batch_size} groups "
@@ -258,7 +277,12 @@ class RolloutClient:
             return None
 
     def _group(self, group_id: str) -> Group:
-        record, prompt, raws = self.ledger.group_with_results(group_id)
+        home = self.ledger
+        if self.cells:  # the farm's record names the cell that ran the group
+            farm_record = self.ledger.group(group_id)
+            if farm_record is not None and farm_record.cell in self.cells:
+                home = self.cells[farm_record.cell]
+        record, prompt, raws = home.group_with_results(group_id)
         if record is None:  # a delivered group is kept until its batch is acknowledged
             raise InvariantViolation(f"group {group_id} was delivered but has no record")
         cap = self.config.limits.max_result_bytes
@@ -285,8 +309,8 @@ class RolloutClient:
         (``release``) raises :class:`~queue_rollout.errors.BatchReleased`: the ledger
         does not count it, another consumer gets its groups (this client, should it
         get them back, drops them as trained)."""
-        answer = self.ledger.ack(self.consumer, batch.id)
         gids = self._received.pop(batch.id, None)
+        answer = self._ack(batch.id, gids if gids is not None else [g.id for g in batch.groups])
         for gid in gids if gids is not None else [g.id for g in batch.groups]:
             self._trained[gid] = None
         while len(self._trained) > REMEMBERED_GROUPS:
@@ -301,16 +325,26 @@ class RolloutClient:
             log.warning("ack of batch %s refused (%s): the ledger lost its delivery; its "
                         "groups will be dropped if delivered again", batch.id, answer.reason)
 
+    def _ack(self, batch_id: str, group_ids: list[str]) -> Answer:
+        if not self.cells:
+            return self.ledger.ack(self.consumer, batch_id)
+        return farm_cells.ack(self.ledger, self.cells, self.consumer, batch_id, group_ids)
+
     # -- trainer controls ------------------------------------------------------------
 
-    def _await_acks(self, what: str, kind: AckKind, epoch: int) -> dict[str, Ack]:
-        """Wait until every live worker has answered request *epoch* of *kind*; returns
-        the answers. BarrierTimeout names the workers that did not answer in time."""
+    def _await_acks(self, what: str, kind: AckKind, epochs: list[int]) -> dict[str, Ack]:
+        """Wait until every live worker has answered request *epochs* (one a registry)
+        of *kind*; returns the answers. BarrierTimeout names the workers that did not
+        answer in time."""
         deadline = time.monotonic() + self.config.timeouts.pause_barrier
         delay = 0.005  # workers answer within milliseconds of the announcement
         while True:
-            answers = self.registry.acks(kind, sorted(self.registry.live()))
-            missing = [w for w, a in answers.items() if a is None or a.epoch < epoch]
+            answers: dict[str, Ack | None] = {}
+            missing = []
+            for registry, epoch in zip(self.registries, epochs, strict=True):
+                got = registry.acks(kind, sorted(registry.live()))
+                answers.update(got)
+                missing += [w for w, a in got.items() if a is None or a.epoch < epoch]
             if not missing:
                 return {w: a for w, a in answers.items() if a is not None}
             if time.monotonic() >= deadline:
@@ -323,11 +357,15 @@ class RolloutClient:
     def pause(self) -> None:
         """Stop admission and return once every live worker has paused its replica in
         ``engine.pause_mode``; BarrierTimeout names the workers that did not answer."""
-        epoch = self.ledger.pause(self.config.engine.pause_mode)
-        self._await_acks("pause", "pause", epoch)
+        mode = self.config.engine.pause_mode
+        epoch = self.ledger.pause(mode)  # the control Redis first: no more admitted
+        epochs = [c.pause(mode) for c in self.cells.values()] or [epoch]
+        self._await_acks("pause", "pause", epochs)
 
     def resume(self) -> None:
         """Clear the pause flag: admission resumes, workers resume their replicas."""
+        for cell in self.cells.values():  # the cells first, the control Redis last
+            cell.set_paused(False)
         self.ledger.set_paused(False)
 
     def update_weights(self, model_path: str, version: int) -> None:
@@ -344,8 +382,8 @@ class RolloutClient:
         and return once all did; the step of :meth:`update_weights` for a trainer that
         pauses, sets the version and resumes itself (AReaL's order). Call it paused.
         Raises naming the workers that failed or did not answer."""
-        epoch = self.registry.request_weights(model_path, version)
-        answers = self._await_acks("weight update", "weights", epoch)
+        epochs = [r.request_weights(model_path, version) for r in self.registries]
+        answers = self._await_acks("weight update", "weights", epochs)
         failed = [f"{w} ({a.error})" for w, a in answers.items() if not a.ok]
         if failed:
             raise BarrierTimeout(f"weight update to {model_path} failed on: {'; '.join(failed)}")
@@ -376,6 +414,9 @@ class RolloutClient:
         return self.ledger.version()
 
     def set_version(self, version: int) -> None:
+        # the cells first: nothing admitted under the new budget starts under the old one
+        for cell in self.cells.values():
+            cell.set_version(version)
         self.ledger.set_version(version)
 
     def status(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 
 from queue_rollout.errors import LedgerError
 from queue_rollout.ledger.core import Admission, Answer, Ledger
-from queue_rollout.ledger.records import BatchRecord
 
 
 def admit_next(control: Ledger, cell: Ledger, name: str,
@@ -56,14 +55,15 @@ def judge(control: Ledger, cell: Ledger, group_id: str, *, accept: bool, reason:
                       detail=detail if settled.reason == reason else "")
 
 
-def ack(control: Ledger, cells: Mapping[str, Ledger], consumer: str,
-        batch: BatchRecord) -> Answer:
-    """The trainer trained on *batch*: acknowledged on *control*, then each group's
-    detail deleted in the cell that ran it. Should a crash cut this short after the
-    acknowledgement, :func:`sweep_consumed` finishes it."""
-    answer = control.ack(consumer, batch.id)
+def ack(control: Ledger, cells: Mapping[str, Ledger], consumer: str, batch_id: str,
+        group_ids: Sequence[str]) -> Answer:
+    """The trainer trained on batch *batch_id* (its groups *group_ids*): acknowledged on
+    *control* (its answer), then each group's detail deleted in the cell that ran it.
+    Should a crash cut this short after the acknowledgement, :func:`sweep_consumed`
+    finishes it."""
+    answer = control.ack(consumer, batch_id)
     if answer.status == "acked":
-        _consume(control, cells, list(batch.groups), batch.id, consumer)
+        _consume(control, cells, list(group_ids), batch_id, consumer)
     return answer
 
 

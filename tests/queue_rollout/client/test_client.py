@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
 
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main
 from queue_rollout.collector.loop import Collector
 from queue_rollout.config import load_config
 from queue_rollout.errors import BadInput, BarrierTimeout, InvariantViolation
-from testkit import G2_B2, finish_all, write_farm
+from queue_rollout.ledger.core import Ledger
+from testkit import G2_B2, farm_config, finish_all, finish_queued, write_farm
 
 
 def prompt(pid: str, text: str = "x") -> dict:
@@ -283,3 +285,42 @@ def test_a_lost_ack_or_delivery_never_gives_the_trainer_a_group_twice(farm_toml,
     assert "acknowledged untrained" in caplog.text and "lost its delivery" in caplog.text
     with pytest.raises(BarrierTimeout):
         client.get_batch(timeout=0.2)
+
+
+def test_a_trainer_on_a_farm_of_cells(redis_url):
+    """The control Redis and two cells as databases of one server: prompts go to their
+    cells, batches come from the control Redis with each group's results from its cell,
+    an ack consumes them in their cells, and the controls reach every cell (the control
+    Redis first to pause, last to resume)."""
+    base = redis_url.rsplit("/", 1)[0]
+    config = farm_config(farm={"name": "tc", "redis_url": redis_url}, rollout=G2_B2)
+    clients = [redis.Redis.from_url(f"{base}/{db}") for db in (1, 2, 3)]
+    try:
+        control, a, b = (Ledger(c, "tc", config.rollout) for c in clients)
+        farm = {"a": a, "b": b}
+        trainer = RolloutClient(control, config, "t0", cells=farm)
+        assert trainer.submit([prompt(f"q{i}") for i in range(6)]) == 6
+        with pytest.raises(BadInput, match="q3"):
+            trainer.submit([prompt("q3"), prompt("q9")])
+        collectors = [Collector(cell, config, name="c", control=control, cell=name)
+                      for name, cell in farm.items()]
+        for _ in range(3):
+            for collector in collectors:
+                collector.step()
+            for cell in farm.values():
+                finish_queued(cell)
+        batch = trainer.get_batch(timeout=5)
+        member = batch.groups[0].members[1]
+        assert (member.output_ids, member.reward) == ([7, 8, 9], 1.0)
+        cell_of = {g.id: control.group(g.id).cell for g in batch.groups}
+        trainer.ack(batch)
+        assert all(farm[cell_of[g]].group(g).state == "consumed" for g in cell_of)
+        trainer.set_version(1)
+        trainer.pause()  # no live workers: nobody to wait for
+        assert [c.version() for c in (control, a, b)] == [1, 1, 1]
+        assert all(c.client.hget(c.keys.state, "paused") == b"1" for c in (control, a, b))
+        trainer.resume()
+        assert all(c.client.hget(c.keys.state, "paused") == b"0" for c in (control, a, b))
+    finally:
+        for c in clients:
+            c.close()

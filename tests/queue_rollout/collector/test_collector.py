@@ -164,7 +164,8 @@ def test_cell_collectors_share_the_control_redis_lead_budget_and_verdicts(redis_
         assert on_b.step().blocked == "staleness"  # accepted, not consumed yet
         delivery = control.pop_batch("trainer")
         assert delivery is not None
-        assert cells.ack(control, {"a": a, "b": b}, "trainer", delivery.batch).count == 1
+        assert cells.ack(control, {"a": a, "b": b}, "trainer", delivery.batch.id,
+                         delivery.batch.groups).count == 1
         control.set_version(1)
         report = on_b.step()
         assert (report.admitted, report.blocked) == (1, "staleness")

@@ -66,7 +66,8 @@ def test_the_staleness_budget_holds_over_the_whole_farm(on_db: MakeLedger) -> No
     delivery = control.pop_batch("trainer")
     assert delivery is not None
     assert sorted(delivery.batch.groups) == ["a0", "b0"]
-    assert cells.ack(control, {"a": a, "b": b}, "trainer", delivery.batch).count == 2
+    assert cells.ack(control, {"a": a, "b": b}, "trainer", delivery.batch.id,
+                         delivery.batch.groups).count == 2
     for cell, gid in ((a, "a0"), (b, "b0")):  # each cell consumed what it ran
         assert cell.group(gid).state == "consumed"
         assert cell.client.hlen(cell.keys.results) == 0
@@ -206,7 +207,7 @@ def test_a_group_reserved_for_another_cell_is_not_admitted_here(on_db: MakeLedge
 def test_a_groups_cell_follows_its_id_in_proportion_to_the_weights() -> None:
     ids = [f"g{i}" for i in range(4000)]
     equal = {"a": 1.0, "b": 1.0, "c": 1.0}
-    counts = {name: 0 for name in equal}
+    counts = dict.fromkeys(equal, 0)
     for gid in ids:
         counts[cells.cell_for(gid, equal)] += 1
     assert all(1200 < n < 1470 for n in counts.values()), counts  # 1,333 each +- 5 sd
