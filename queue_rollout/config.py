@@ -319,6 +319,23 @@ class HistoryConfig(_Section):
     ttl_s: PosInt = 86_400
 
 
+class CellConfig(_Section):
+    """One cell of a farm spread over several Redis servers (``[[cells]]``): its own
+    Redis holds its groups' slots, attempts and results, its job queues and its
+    workers; ``farm.redis_url`` is then the control Redis (the farm-wide version, pause,
+    staleness budget and batches)."""
+
+    #: The cell's name: a node's workers join it (`node --cell NAME`), and the control
+    #: Redis's record of each group names the cell that runs it.
+    name: FarmName
+    #: The cell's Redis, as farm.redis_url takes one (TLS and Sentinel with the farm's
+    #: redis_ca_file and sentinel_password).
+    redis_url: str
+    #: The cell's share, against the other cells' weights, of the new prompts (each goes
+    #: to the cell its id hashes to) and of a capacity given as a number.
+    weight: PosFloat = 1.0
+
+
 class Config(_Section):
     farm: FarmConfig = msgspec.field(default_factory=FarmConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
@@ -330,6 +347,30 @@ class Config(_Section):
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     history: HistoryConfig = msgspec.field(default_factory=HistoryConfig)
+    cells: list[CellConfig] = msgspec.field(default_factory=list)
+
+    def cell_weights(self) -> dict[str, float]:
+        """Each cell's weight by name (none on a farm of one Redis)."""
+        return {c.name: c.weight for c in self.cells}
+
+    def for_cell(self, name: str) -> Config:
+        """The farm as cell *name*'s workers and collector see it: a farm of one on the
+        cell's Redis, with the cell's share (by weight, rounded down) of a capacity
+        given as a number. ConfigError when there is no such cell."""
+        cell = next((c for c in self.cells if c.name == name), None)
+        if cell is None:
+            known = ", ".join(c.name for c in self.cells) or "none"
+            raise ConfigError(f"no cell {name!r} in [[cells]] (cells: {known})")
+        share = cell.weight / sum(c.weight for c in self.cells)
+        r = self.rollout
+        samples = (r.max_concurrent_samples if not isinstance(r.max_concurrent_samples, int)
+                   else int(r.max_concurrent_samples * share))
+        return msgspec.structs.replace(
+            self, farm=msgspec.structs.replace(self.farm, redis_url=cell.redis_url),
+            rollout=msgspec.structs.replace(
+                r, max_concurrent_samples=samples,
+                max_concurrent_rollouts=max(1, int(r.max_concurrent_rollouts * share))),
+            cells=[])
 
 
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
@@ -454,7 +495,32 @@ def _check(config: Config, source: str) -> Config:
             f"{source}: rollout.max_concurrent_samples: {r.max_concurrent_samples} slots "
             f"cannot hold one group of rollout.group_size = {r.group_size}"
         )
+    _check_cells(config, source)
     return config
+
+
+def _check_cells(config: Config, source: str) -> None:
+    if not config.cells:
+        return
+    names = [c.name for c in config.cells]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{source}: cells: a cell named twice: {', '.join(twice)}")
+    for c in config.cells:
+        if not c.redis_url:
+            raise ConfigError(f"{source}: cells: cell {c.name} has no redis_url")
+    if not config.farm.redis_url:
+        raise ConfigError(f"{source}: cells: a farm of cells names its control Redis in "
+                          "farm.redis_url (up does not start the Redis servers of cells)")
+    r = config.rollout
+    if isinstance(r.max_concurrent_samples, int):
+        for c in config.cells:
+            slots = config.for_cell(c.name).rollout.max_concurrent_samples
+            if isinstance(slots, int) and slots < r.group_size:
+                raise ConfigError(
+                    f"{source}: rollout.max_concurrent_samples: cell {c.name}'s share "
+                    f"(weight {c.weight:g}) is {slots} slots, less than one group of "
+                    f"rollout.group_size = {r.group_size}")
 
 
 def decode_config(data: bytes | str, source: str = "config") -> Config:
@@ -520,7 +586,11 @@ def to_toml(config: Config) -> str:
 
     out: list[str] = []
     for name, values in msgspec.to_builtins(config).items():
-        out += [*section(name, values), ""]
+        if isinstance(values, list):  # an array of tables ([[cells]])
+            for item in values:
+                out += [f"[[{name}]]", *section(name, item)[1:], ""]
+        else:
+            out += [*section(name, values), ""]
     return "\n".join(out)
 
 

@@ -58,6 +58,14 @@ def meanings(lang: str) -> dict[str, str]:
     return english_meanings() if lang == "en" else chinese_meanings()
 
 
+def _table(t: Any) -> type | None:
+    """The struct of a table (a struct field) or of an array of tables (a list of
+    structs, as ``[[cells]]``); None for a value."""
+    if isinstance(t, msgspec.inspect.ListType):
+        t = t.item_type
+    return t.cls if isinstance(t, msgspec.inspect.StructType) else None
+
+
 def _section_structs(struct: type = Config, prefix: str = "") -> dict[str, type]:
     """TOML table name -> its struct, nested tables included."""
     out: dict[str, type] = {}
@@ -65,9 +73,9 @@ def _section_structs(struct: type = Config, prefix: str = "") -> dict[str, type]
     if not isinstance(info, msgspec.inspect.StructType):
         raise TypeError(f"{struct!r} is not a struct")
     for field in info.fields:
-        if isinstance(field.type, msgspec.inspect.StructType):
-            out[f"{prefix}{field.name}"] = field.type.cls
-            out.update(_section_structs(field.type.cls, f"{prefix}{field.name}."))
+        if (cls := _table(field.type)) is not None:
+            out[f"{prefix}{field.name}"] = cls
+            out.update(_section_structs(cls, f"{prefix}{field.name}."))
     return out
 
 
@@ -104,7 +112,9 @@ def _type(t: Any) -> str:
     return " ".join([name, ", ".join(bounds)]).strip()
 
 
-def _default(field: Any) -> str:
+def _default(field: Any, lang: str) -> str:
+    if field.default is msgspec.NODEFAULT and field.default_factory is msgspec.NODEFAULT:
+        return "required" if lang == "en" else "必填"
     if field.default is msgspec.NODEFAULT:
         value = field.default_factory()
         if isinstance(value, msgspec.Struct):
@@ -121,11 +131,19 @@ def sections(struct: type = Config, prefix: str = "") -> list[tuple[str, list[tu
     if not isinstance(info, msgspec.inspect.StructType):
         raise TypeError(f"{struct!r} is not a struct")
     for field in info.fields:
-        if isinstance(field.type, msgspec.inspect.StructType):
-            nested += sections(field.type.cls, f"{prefix}{field.name}.")
+        if (cls := _table(field.type)) is not None:
+            nested += sections(cls, f"{prefix}{field.name}.")
         else:
             own.append((f"{prefix}{field.name}", field))
     return ([(prefix.rstrip("."), own)] if own else []) + nested
+
+
+def _header(name: str) -> str:
+    """``[farm]``, or ``[[cells]]`` for an array of tables."""
+    info = msgspec.inspect.type_info(Config)
+    assert isinstance(info, msgspec.inspect.StructType)
+    arrays = {f.name for f in info.fields if isinstance(f.type, msgspec.inspect.ListType)}
+    return f"[[{name}]]" if name in arrays else f"[{name}]"
 
 
 def reference_markdown(lang: str) -> str:
@@ -133,11 +151,11 @@ def reference_markdown(lang: str) -> str:
     meaning = meanings(lang)
     lines = [f"# {title}", "", intro, ""]
     for name, fields in sections():
-        lines += [f"## [{name}]", "", f"| {key_h} | {type_h} | {default_h} | {meaning_h} |",
+        lines += [f"## {_header(name)}", "", f"| {key_h} | {type_h} | {default_h} | {meaning_h} |",
                   "|---|---|---|---|"]
         for key, field in fields:
             short = key.rsplit(".", 1)[-1]
-            lines.append(f"| `{short}` | {_type(field.type)} | {_default(field)} | "
+            lines.append(f"| `{short}` | {_type(field.type)} | {_default(field, lang)} | "
                          f"{meaning[key]} |")
         lines.append("")
     return "\n".join(lines)

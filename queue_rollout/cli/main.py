@@ -227,17 +227,29 @@ def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell_view(config: Config, cell: str | None, command: str) -> Config:
+    """The farm as the workers of *cell* see it: on a farm of cells, the cell's Redis
+    and share (:meth:`Config.for_cell`); a farm of one Redis takes no cell."""
+    if config.cells and not cell:
+        names = ", ".join(c.name for c in config.cells)
+        raise ConfigError(f"{command}: the farm has cells ({names}): name the one its "
+                          "workers join with --cell")
+    if cell and not config.cells:
+        raise ConfigError(f"{command} --cell {cell}: the farm has no [[cells]]")
+    return config.for_cell(cell) if cell else config
+
+
 def _cmd_worker(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.workers.supervisor import Supervisor
 
-    return Supervisor(config, gpu=args.gpu, engine_url=args.engine_url,
-                      boot_id=args.boot_id or "").run()
+    return Supervisor(_cell_view(config, args.cell, "worker"), gpu=args.gpu,
+                      engine_url=args.engine_url, boot_id=args.boot_id or "").run()
 
 
 def _cmd_node(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.launch.node import parse_gpus, run_node
 
-    return run_node(config, parse_gpus(args.gpus))
+    return run_node(_cell_view(config, args.cell, "node"), parse_gpus(args.gpus))
 
 
 def _cmd_sim_engine(config: Config, args: argparse.Namespace) -> int:
@@ -364,12 +376,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", type=int, required=True, help="GPU index (names the worker)")
     p.add_argument("--engine-url", required=True, help="the replica, e.g. http://127.0.0.1:30000")
     p.add_argument("--boot-id", help="the replica start's boot id (SGLang has none of its own)")
+    p.add_argument("--cell", help="on a farm of cells ([[cells]]): the cell it joins")
 
     p = add("node", _cmd_node,
             "one replica (SGLang or sim) and one worker per GPU of this host")
     p.add_argument("--gpus", required=True, metavar="LIST",
                    help="GPU indices: 0-7, 0,2,5 or 0-3,6; replica i listens on "
                         "engine.base_port + i")
+    p.add_argument("--cell", help="on a farm of cells ([[cells]]): the cell its workers join")
 
     p = add("sim-engine", _cmd_sim_engine,
             "one simulated replica speaking SGLang's HTTP API (engine.* sets its timing)")
@@ -449,6 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The commands that take a farm of cells ([[cells]]): the others refuse its config.
+RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -462,6 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config)
+        if config.cells and args.command not in RUN_ON_CELLS:
+            raise ConfigError(f"{args.command}: does not run on a farm of cells ([[cells]]) "
+                              f"yet; these do: {', '.join(sorted(RUN_ON_CELLS))}, and "
+                              "RolloutClient")
         handler: Callable[[Config, argparse.Namespace], int] = args.handler
         return handler(config, args)
     except QueueRolloutError as exc:

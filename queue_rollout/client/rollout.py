@@ -154,8 +154,12 @@ class RolloutClient:
                     tokenize: Callable[[str], list[int]] | None = None) -> RolloutClient:
         config = (path_or_config if isinstance(path_or_config, Config)
                   else load_config(path_or_config))
+        cells = {}
+        for cell in config.cells:  # a farm of cells: config names the control Redis
+            seen = config.for_cell(cell.name)
+            cells[cell.name] = Ledger.from_config(connect_config(seen), seen)
         return cls(Ledger.from_config(connect_config(config), config), config, consumer,
-                   tokenize=tokenize)
+                   tokenize=tokenize, cells=cells, weights=config.cell_weights())
 
     def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
         """Validate and enqueue prompts, all or none; returns how many. A prompt must

@@ -313,16 +313,35 @@ def run_collector(config: Config) -> int:
     from queue_rollout.ledger.connection import connect_config
 
     ledger = Ledger.from_config(connect_config(config), config)
-    collector = Collector(ledger, config)
-    metrics = FarmMetrics(ledger, config)
-    port = metrics.serve()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"collector {collector.name} for farm {config.farm.name}; metrics on "
-          f"http://{config.metrics.host}:{port}/metrics", flush=True)
+    metrics = FarmMetrics(ledger, config)
+    port = metrics.serve()
     try:
-        collector.run(stop)
+        if not config.cells:
+            collector = Collector(ledger, config)
+            print(f"collector {collector.name} for farm {config.farm.name}; metrics on "
+                  f"http://{config.metrics.host}:{port}/metrics", flush=True)
+            collector.run(stop)
+            return 0
+        # a farm of cells: a collector of each cell, one leader (this process's name)
+        # on the control Redis
+        collectors = []
+        for cell in config.cells:
+            seen = config.for_cell(cell.name)
+            collectors.append(Collector(Ledger.from_config(connect_config(seen), seen), seen,
+                                        control=ledger, cell=cell.name))
+        print(f"collector {collectors[0].name} for farm {config.farm.name}, cells "
+              f"{', '.join(c.cell for c in collectors)}; metrics (the control Redis's) on "
+              f"http://{config.metrics.host}:{port}/metrics", flush=True)
+        threads = [c.start(stop) for c in collectors]
+        while not stop.wait(1.0):
+            if not all(t.is_alive() for t in threads):  # a cell's loop ended: stop all
+                stop.set()
+                return 1
+        for t in threads:
+            t.join()
+        return 0
     finally:
         metrics.close()
-    return 0

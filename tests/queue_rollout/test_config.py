@@ -247,7 +247,12 @@ def test_unreadable_toml_is_a_config_error(data, message):
 # -- fuzzing the decoder: a Config or a ConfigError naming a key, nothing else -----------
 
 FUZZ = settings(max_examples=examples(200), derandomize=True)
-SECTIONS = {name: list(typing.get_type_hints(Config)[name].__struct_fields__)
+def table_struct(kind: object) -> type:
+    """The struct of a table, or of an array of tables (``list[CellConfig]``)."""
+    return typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind  # type: ignore[return-value]
+
+
+SECTIONS = {name: list(table_struct(typing.get_type_hints(Config)[name]).__struct_fields__)
             for name in Config.__struct_fields__}
 FIELDS = sorted({f for fields in SECTIONS.values() for f in fields} | {"sampling"})
 junk_keys = st.from_regex(r"[a-z_]{1,6}", fullmatch=True)
@@ -262,14 +267,18 @@ tables = st.dictionaries(st.sampled_from(FIELDS) | junk_keys, values, max_size=4
 
 
 def section(struct: type) -> st.SearchStrategy[dict]:
-    """A table of *struct*'s own keys, each its default or anything."""
-    default = struct()
+    """A table of *struct*'s own keys, each its default or anything (an array of
+    tables: a few such tables)."""
+    defaults = {f.name: (f.default if f.default_factory is msgspec.NODEFAULT
+                         else f.default_factory()) for f in msgspec.structs.fields(struct)}
     fields: dict[str, st.SearchStrategy] = {}
     for name, kind in typing.get_type_hints(struct).items():
-        value = getattr(default, name)
+        value = defaults[name]
         if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
             fields[name] = section(kind)
-        elif value is None:
+        elif typing.get_origin(kind) is list and issubclass(table_struct(kind), msgspec.Struct):
+            fields[name] = st.lists(section(table_struct(kind)), max_size=3)
+        elif value is None or value is msgspec.NODEFAULT:
             fields[name] = scalars | values
         else:
             fields[name] = st.one_of(st.just(value), st.just(value), scalars, values)
@@ -371,3 +380,36 @@ def test_a_word_a_key_does_not_take_names_those_it_does_and_a_key_a_table_too_hi
     with pytest.raises(ConfigError) as refused:
         decode_config(toml, "farm.toml")
     assert str(refused.value) == f"farm.toml: {said}"
+
+
+CELLS = ('[farm]\nredis_url = "redis://control:6379/0"\n'
+         '[[cells]]\nname = "a"\nredis_url = "redis://a:6379/0"\n'
+         '[[cells]]\nname = "b"\nredis_url = "redis://b:6379/0"\nweight = 3.0\n')
+
+
+def test_a_farm_of_cells_and_what_each_cell_sees():
+    config = decode_config(CELLS + '[rollout]\ngroup_size = 4\nmax_concurrent_samples = 64\n')
+    assert config.cell_weights() == {"a": 1.0, "b": 3.0}
+    a, b = config.for_cell("a"), config.for_cell("b")
+    assert (a.farm.redis_url, b.farm.redis_url) == ("redis://a:6379/0", "redis://b:6379/0")
+    assert (a.rollout.max_concurrent_samples, b.rollout.max_concurrent_samples) == (16, 48)
+    assert a.cells == [] and a.farm.name == config.farm.name
+    assert decode_config(to_toml(config)) == config
+    grouped = decode_config(CELLS + "[rollout]\nmax_concurrent_rollouts = 10\n")
+    assert [grouped.for_cell(n).rollout.max_concurrent_rollouts for n in "ab"] == [2, 7]
+    with pytest.raises(ConfigError, match=r"no cell 'c'.*a, b"):
+        config.for_cell("c")
+
+
+@pytest.mark.parametrize(("toml", "said"), [
+    (CELLS.replace('"b"', '"a"'), "cells: a cell named twice: a"),
+    (CELLS.replace('redis_url = "redis://a:6379/0"', 'redis_url = ""'),
+     "cells: cell a has no redis_url"),
+    (CELLS.replace('redis_url = "redis://control:6379/0"', ""), "cells: a farm of cells names"),
+    (CELLS + "[rollout]\ngroup_size = 8\nmax_concurrent_samples = 16\n",
+     "rollout.max_concurrent_samples: cell a's share (weight 1) is 4 slots"),
+    (CELLS.replace('name = "a"\n', ""), "cells.0: Object missing required field `name`"),
+])
+def test_a_farm_of_cells_refused_says_why(toml, said):
+    with pytest.raises(ConfigError, match=re.escape(f"config: {said}")):
+        decode_config(toml)

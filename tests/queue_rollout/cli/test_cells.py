@@ -1,0 +1,83 @@
+"""A farm of cells through the command line: a control Redis and two cells, each its
+own redis-server; `queue-rollout collector` leading all cells, a `queue-rollout
+worker --cell` in each, and a trainer (RolloutClient) submitting, training, pausing and
+raising the version. Every group comes once with its exact lengths, both cells run
+groups, and the staleness budget holds over the whole farm."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from queue_rollout import RolloutClient
+from queue_rollout.cli.main import main
+from queue_rollout.lab.sim.server import ThreadedSimEngine
+from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.procs import cli_exe, stop_all
+from testkit import write_farm
+
+STALENESS = 1
+B = 2
+
+
+def start_redis(tmp_path: Path, name: str, stack: contextlib.ExitStack) -> str:
+    server = EmbeddedRedis(tmp_path / name, write_url=False)
+    server.start()
+    stack.callback(server.stop)
+    return server.url
+
+
+@pytest.mark.e2e
+def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -> None:
+    with contextlib.ExitStack() as stack:
+        control = start_redis(tmp_path, "control", stack)
+        cells = [{"name": n, "redis_url": start_redis(tmp_path, n, stack)} for n in "ab"]
+        toml = write_farm(
+            tmp_path / "farm.toml", farm={"name": "cells", "redis_url": control},
+            rollout={"group_size": 2, "batch_size": B, "max_concurrent_samples": 8,
+                     "max_staleness": STALENESS},
+            engine={"slots_per_replica": 4}, timeouts={"shutdown_grace": 2, "lease": 3},
+            cells=cells)
+        # the commands that do not take a farm of cells yet say so, and node needs its cell
+        assert main(["status", "-c", str(toml)]) == 2
+        assert "does not run on a farm of cells" in capsys.readouterr().err
+        assert main(["node", "--gpus", "0", "-c", str(toml)]) == 2
+        assert "name the one its workers join with --cell" in capsys.readouterr().err
+
+        engines = [stack.enter_context(ThreadedSimEngine(slots=4, step_ms=2.0)) for _ in "ab"]
+        procs = [subprocess.Popen([cli_exe(), "worker", "--cell", c["name"], "--gpu", str(i),
+                                   "--engine-url", e.url, "-c", str(toml)],
+                                  stdout=subprocess.DEVNULL)
+                 for i, (c, e) in enumerate(zip(cells, engines, strict=True))]
+        procs.append(subprocess.Popen([cli_exe(), "collector", "-c", str(toml)],
+                                      stdout=subprocess.DEVNULL))
+        stack.callback(stop_all, procs, 30)
+
+        trainer = RolloutClient.from_config(toml, consumer="t")
+        lengths = {f"g{i}": [3 + i % 5, 11] for i in range(12)}
+        trainer.submit([{"id": gid, "prompt": f"cells {gid}", "member_lengths": ls}
+                        for gid, ls in lengths.items()])
+        got: list[str] = []
+        for step in range(len(lengths) // B):
+            batch = trainer.get_batch(timeout=120)
+            for group in batch.groups:
+                got.append(group.id)
+                assert [len(m.output_ids) for m in group.members] == lengths[group.id]
+                # the budget, farm-wide: admitted at most max_staleness versions back
+                assert batch.version - group.version <= STALENESS, (group.id, batch.version)
+            if step == 2:  # the pause barrier: every cell's worker paused its replica
+                trainer.pause()
+                trainer.resume()
+            trainer.ack(batch)
+            trainer.set_version(step + 1)
+        assert sorted(got) == sorted(lengths)
+        ran = {trainer.ledger.group(gid).cell for gid in got}
+        assert ran == {"a", "b"}
+        for name, cell in trainer.cells.items():
+            counters = cell.counters()
+            assert counters["consumed"] == sum(trainer.ledger.group(g).cell == name for g in got)
+            assert cell.version() == len(lengths) // B
+        assert all(p.poll() is None for p in procs), "a farm process died"
