@@ -69,6 +69,22 @@ local function refuse_admission(counters, refusals, now, reason)
   return {'blocked', reason}
 end
 
+-- A complete group's verdict on its record: it leaves in_flight; accepted, it joins the
+-- ready list and the accepted count; rejected, it keeps its reason.
+local function record_verdict(counters, groups, ready, now, gid, g, accept, reason)
+  g.judged_at = now
+  bump(counters, 'in_flight', -1)
+  if accept then
+    g.state = 'accepted'
+    redis.call('RPUSH', ready, gid)
+    bump(counters, 'accepted', 1)
+  else
+    g.state = 'rejected'
+    g.reason = reason
+  end
+  put_json(groups, gid, g)
+end
+
 -- Every refusal of a notification goes through here: counted, and answered
 -- {'ignored', reason} so the caller can log it.
 local function ignored(counters, reason)

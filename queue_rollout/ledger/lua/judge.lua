@@ -33,23 +33,14 @@ local g = get_json(KEYS[2], gid)
 if not g then return ignored(counters, 'unknown group') end
 if g.state ~= 'complete' then return ignored(counters, 'group is ' .. g.state) end
 
-g.judged_at = now
-bump(counters, 'in_flight', -1)
 history_add(KEYS[8], gid, {e = 'judged', t = now, ok = verdict == 'accept',
   reason = verdict == 'reject' and ARGV[4] or nil,
   why = verdict == 'reject' and ARGV[7] ~= '' and ARGV[7] or nil})
+record_verdict(counters, KEYS[2], KEYS[3], now, gid, g, verdict == 'accept', ARGV[4])
 if verdict == 'accept' then
-  g.state = 'accepted'
-  put_json(KEYS[2], gid, g)
-  redis.call('RPUSH', KEYS[3], gid)
-  bump(counters, 'accepted', 1)
   return {'accepted', ''}
-else
-  g.state = 'rejected'
-  g.reason = ARGV[4]
-  put_json(KEYS[2], gid, g)
-  bump(counters, 'rejected', 1)
-  bump(counters, 'rejected:' .. ARGV[4], 1)
-  purge_group({prompts = KEYS[5], attempts = KEYS[6], results = KEYS[7]}, g)
-  return {'rejected', ARGV[4]}
 end
+bump(counters, 'rejected', 1)
+bump(counters, 'rejected:' .. ARGV[4], 1)
+purge_group({prompts = KEYS[5], attempts = KEYS[6], results = KEYS[7]}, g)
+return {'rejected', ARGV[4]}

@@ -26,16 +26,6 @@ if not g then return ignored(counters, 'unknown group') end
 if g.state == 'rejected' then return {'rejected', g.reason} end
 if g.state ~= 'in_flight' then return {'accepted', ''} end
 
-g.judged_at = now
-bump(counters, 'in_flight', -1)
-if verdict == 'accept' then
-  g.state = 'accepted'
-  put_json(groups, gid, g)
-  redis.call('RPUSH', KEYS[3], gid)
-  bump(counters, 'accepted', 1)
-  return {'accepted', ''}
-end
-g.state = 'rejected'
-g.reason = ARGV[4]
-put_json(groups, gid, g)
+record_verdict(counters, groups, KEYS[3], now, gid, g, verdict == 'accept', ARGV[4])
+if verdict == 'accept' then return {'accepted', ''} end
 return {'rejected', ARGV[4]}
