@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from queue_rollout import __version__
 from queue_rollout.argtypes import (
@@ -30,6 +30,11 @@ from queue_rollout.config import Config, load_config
 from queue_rollout.errors import ConfigError, QueueRolloutError
 from queue_rollout.lab.bench import cli as bench_cli
 
+if TYPE_CHECKING:
+    import redis
+
+    from queue_rollout.ledger.keys import Keys
+
 log = logging.getLogger("queue_rollout")
 
 
@@ -43,6 +48,8 @@ def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
     check_schema(client, config)  # another schema's records are not this doctor's to judge
     keys = Keys(config.farm.name)
     b = config.rollout.batch_size
+    if config.cells:
+        return _doctor_cells(config, client, keys, repair=args.repair)
     report = repair(client, keys, b) if args.repair else examine(client, keys, b)
     for problem in report.problems:
         print(f"doctor: {problem}")
@@ -59,6 +66,38 @@ def _cmd_doctor(config: Config, args: argparse.Namespace) -> int:
     print(f"doctor: ok ({report.expected['reserved']} slots reserved, "
           f"{report.expected['in_flight']} groups in flight)")
     return 0
+
+
+def _doctor_cells(config: Config, control: redis.Redis, keys: Keys, *, repair: bool) -> int:
+    """`doctor` on a farm of cells: each cell as a farm of one (repaired with
+    ``--repair``), then the control Redis against its records and the cells' (reported:
+    ``--repair`` leaves it)."""
+    from queue_rollout.ledger import doctor
+    from queue_rollout.ledger.connection import connect_config
+    from queue_rollout.ledger.shape import check_schema
+
+    b = config.rollout.batch_size
+    clients, problems = {}, 0
+    for cell in config.cells:
+        seen = config.for_cell(cell.name)
+        clients[cell.name] = client = connect_config(seen)
+        check_schema(client, seen)
+        report = (doctor.repair if repair else doctor.examine)(client, keys, b)
+        for problem in report.problems:
+            print(f"doctor: cell {cell.name}: {problem}")
+        problems += 0 if repair else len(report.problems)
+        print(f"doctor: cell {cell.name}: " + (
+            f"repaired {len(report.problems)} problem(s)" if repair and report.problems else
+            f"{len(report.problems)} problem(s)" if report.problems else
+            f"ok ({report.expected['reserved']} slots reserved, "
+            f"{report.expected['in_flight']} groups in flight)"))
+    farm = doctor.examine_control(control, keys, b, clients)
+    for problem in farm.problems:
+        print(f"doctor: control: {problem}")
+    print("doctor: control: " + (f"{len(farm.problems)} problem(s) (not repaired here)"
+                                 if farm.problems else
+                                 f"ok ({farm.expected['in_flight']} groups in flight)"))
+    return 1 if problems or farm.problems else 0
 
 
 def _cmd_status(config: Config, args: argparse.Namespace) -> int:
@@ -464,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The commands that take a farm of cells ([[cells]]): the others refuse its config.
-RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine"})
+RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine", "doctor"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

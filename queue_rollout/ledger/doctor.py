@@ -74,7 +74,7 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     """Compare stored counters with those recomputed from the records; *batch_size* is
     the farm's B (the budget baseline counts groups)."""
     groups = {gid.decode(): decode_group(raw) for gid, raw in _scan(client, keys.groups)}
-    states = Counter(g.state for g in groups.values())
+    states: Counter[str] = Counter(g.state for g in groups.values())
     live: dict[str, set[str]] = {"running": set(), "doubtful": set()}
     ended = Counter[str]()  # group id -> members whose current attempt ended
     current = Counter[tuple[str, int]]()  # (group id, member) -> attempts not superseded
@@ -137,18 +137,65 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     _check_placement(client, keys, report)
     _check_results(client, keys, ended_members, report)
     _check_batches(client, keys, groups, report)
+    _check_ready_and_budget(client, keys, batch_size, states, report)
+    return report
+
+
+def _check_ready_and_budget(client: redis.Redis, keys: Keys, batch_size: int,
+                            states: Counter[str], report: Report) -> None:
+    """The ready queue against the accepted groups, and the budget's baseline against
+    the groups consumed."""
     ready = client.llen(keys.ready)
     if ready != states["accepted"]:
-        problems.append(f"ready queue holds {ready}, {states['accepted']} groups are accepted")
+        report.problems.append(
+            f"ready queue holds {ready}, {states['accepted']} groups are accepted")
     version, baseline = (int(v or 0) for v in client.hmget(keys.state, "version",
                                                           "budget_baseline"))
     consumed_at_set = baseline + version * batch_size
-    if not 0 <= consumed_at_set <= expected["consumed"]:
-        report.baseline = expected["consumed"] - version * batch_size
-        problems.append(
+    if not 0 <= consumed_at_set <= states["consumed"]:
+        report.baseline = states["consumed"] - version * batch_size
+        report.problems.append(
             f"budget_baseline: stored {baseline}, which counts {consumed_at_set} groups "
-            f"consumed at version {version}, not between 0 and the {expected['consumed']} "
+            f"consumed at version {version}, not between 0 and the {states['consumed']} "
             f"consumed (B = {batch_size})")
+
+
+def examine_control(client: redis.Redis, keys: Keys, batch_size: int,
+                    cells: dict[str, redis.Redis]) -> Report:
+    """The control Redis of a farm of cells: its group counters (in flight, accepted,
+    consumed) against its group records, its batches, ready queue and budget baseline
+    as on a farm of one, and each group's record against its cell's. A group in flight
+    here whose cell has not admitted it yet must be that cell's next pending one (a
+    reservation whose admission a crash cut short: the cell's collector takes it next);
+    a group a cell runs must be on record here, for that cell."""
+    groups = {gid.decode(): decode_group(raw) for gid, raw in _scan(client, keys.groups)}
+    states: Counter[str] = Counter(g.state for g in groups.values())
+    expected = {"in_flight": states["in_flight"],
+                "accepted": states["accepted"] + states["delivered"] + states["consumed"],
+                "consumed": states["consumed"]}
+    stored = {f.decode(): int(v) for f, v in client.hgetall(keys.counters).items()}
+    report = Report(expected, stored)
+    for name, value in expected.items():
+        if stored.get(name, 0) != value:
+            report.problems.append(f"{name}: stored {stored.get(name, 0)}, records say {value}")
+    report.problems += [f"{name}: negative ({value})" for name, value in sorted(stored.items())
+                        if value < 0]
+    _check_batches(client, keys, groups, report)
+    _check_ready_and_budget(client, keys, batch_size, states, report)
+    for name, cell in sorted(cells.items()):
+        theirs = {gid.decode(): decode_group(raw) for gid, raw in _scan(cell, keys.groups)}
+        head = cell.lindex(keys.pending, 0)
+        for gid, g in sorted(groups.items()):
+            if g.cell == name and gid not in theirs and (
+                    g.state != "in_flight" or head is None or head.decode() != gid):
+                report.problems.append(f"group {gid}: {g.state} for cell {name}, which has "
+                                       "no record of it")
+        for gid in sorted(theirs):
+            if gid not in groups or groups[gid].cell != name:
+                report.problems.append(f"cell {name}: group {gid} runs there, but the "
+                                       "control Redis has it "
+                                       + (f"in cell {groups[gid].cell}" if gid in groups
+                                          else "nowhere"))
     return report
 
 

@@ -99,6 +99,9 @@ def test_sigkill_mid_episode_doubt_keeps_the_slot_until_the_stop_is_confirmed(
         (first,) = ledger.admit().attempt_ids
         flush_outbox(r, ledger.keys)
         wait_for(lambda: (a := ledger.attempt(first)) and a.state == "running", 30, "start")
+        # started in the ledger before it is sent: killed once the replica runs it
+        model = farm.engines[0].server.model
+        wait_for(lambda: first in model.running, 30, "the request on the replica")
         pid = next(w.pid for w in Worker.all(connection=r, serializer=JSONSerializer))
         os.kill(pid, signal.SIGKILL)
         # the replica still runs the request: the lease expires, the slot stays

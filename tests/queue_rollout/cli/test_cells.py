@@ -81,3 +81,12 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
             assert counters["consumed"] == sum(trainer.ledger.group(g).cell == name for g in got)
             assert cell.version() == len(lengths) // B
         assert all(p.poll() is None for p in procs), "a farm process died"
+        capsys.readouterr()
+        assert main(["doctor", "-c", str(toml)]) == 0
+        said = capsys.readouterr().out
+        assert "doctor: cell a: ok" in said and "doctor: control: ok" in said, said
+        # a group a cell ran that the control Redis does not know of
+        trainer.ledger.client.hdel(trainer.ledger.keys.groups, got[0])
+        assert main(["doctor", "-c", str(toml)]) == 1
+        assert f"group {got[0]} runs there, but the control Redis has it nowhere" in (
+            capsys.readouterr().out)

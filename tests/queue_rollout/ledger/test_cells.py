@@ -16,6 +16,7 @@ from queue_rollout.errors import LedgerError
 from queue_rollout.lab.virtual.clock import ManualClock
 from queue_rollout.ledger import cells
 from queue_rollout.ledger.core import Admission, Ledger
+from queue_rollout.ledger.doctor import examine_control
 from testkit import trivial_prompts
 
 #: G 2, B 2, no staleness: two groups in flight farm-wide at version 0.
@@ -236,3 +237,31 @@ def test_a_submission_goes_to_each_prompts_cell_all_or_none(on_db: MakeLedger) -
     again = cells.submit(farm, weights, [*trivial_prompts(3, "new"), prompts[7]])
     assert (again.status, again.duplicates) == ("duplicate", ("p7",))
     assert sum(c.client.llen(c.keys.pending) for c in farm.values()) == 20  # none added
+
+
+def test_doctor_checks_the_control_redis_against_its_cells(on_db: MakeLedger) -> None:
+    control, a, b = on_db(1, max_staleness=4), on_db(2), on_db(3)
+    farm = {"a": a, "b": b}
+    clients = {name: cell.client for name, cell in farm.items()}
+
+    def problems() -> list[str]:
+        return examine_control(control.client, control.keys, 2, clients).problems
+
+    a.submit(trivial_prompts(2, "a"))
+    b.submit(trivial_prompts(1, "b"))
+    done = cells.admit_next(control, a, "a")
+    complete(a, done)
+    cells.judge(control, a, done.group_id, accept=True)
+    cells.admit_next(control, b, "b")
+    assert problems() == []
+    control.reserve("a1", "a")  # reserved, its admission cut short: the cell's next one
+    assert problems() == []
+    a.submit(trivial_prompts(1, "z"))
+    a.client.lmove(a.keys.pending, a.keys.pending, "RIGHT", "LEFT")  # z0 first: a1 not next
+    assert problems() == ["group a1: in_flight for cell a, which has no record of it"]
+    control.client.hdel(control.keys.groups, "b0")
+    control.client.hincrby(control.keys.counters, "in_flight", -1)
+    assert problems()[-1] == ("cell b: group b0 runs there, but the control Redis has it "
+                              "nowhere")
+    control.client.hincrby(control.keys.counters, "accepted", 5)
+    assert "accepted: stored 6, records say 1" in problems()
