@@ -236,12 +236,11 @@ def _cmd_resume(config: Config, args: argparse.Namespace) -> int:
 
 def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.errors import BadInput
-    from queue_rollout.ledger.connection import connect_config
-    from queue_rollout.ledger.core import Ledger
+    from queue_rollout.ledger import cells
 
     if args.version < 0:
         raise BadInput(f"set-version: N must be >= 0, got {args.version}")
-    previous = Ledger.from_config(connect_config(config), config).set_version(args.version)
+    previous = cells.set_version(*cells.connect_farm(config), args.version)
     print(f"policy version {previous} -> {args.version}")
     return 0
 
@@ -249,16 +248,17 @@ def _cmd_set_version(config: Config, args: argparse.Namespace) -> int:
 def _cmd_submit(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.client.prompts import farm_needs, known_ids_refusal, read_numbered
     from queue_rollout.errors import BadInput
-    from queue_rollout.ledger.connection import connect_config
-    from queue_rollout.ledger.core import Ledger
+    from queue_rollout.ledger import cells
 
     # The whole file is validated before Redis is touched, against what the farm's
     # workflow needs of a prompt too (a file without a prompt is refused); the submit
     # script then checks every id against the farm before it writes anything.
     prompts = read_numbered(args.file, max_bytes=config.limits.max_prompt_bytes,
                             needs=farm_needs(config))
-    ledger = Ledger.from_config(connect_config(config), config)
-    answer = ledger.submit((pid, raw) for _, pid, raw in prompts)
+    ledger, cell_ledgers = cells.connect_farm(config)
+    checked = [(pid, raw) for _, pid, raw in prompts]
+    answer = (cells.submit(cell_ledgers, config.cell_weights(), checked) if cell_ledgers
+              else ledger.submit(checked))
     if answer.status == "duplicate":
         places = {pid: f"line {number}" for number, pid, _ in prompts}
         raise BadInput(f"{args.file}: {known_ids_refusal(answer.duplicates, places)}")
@@ -503,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The commands that take a farm of cells ([[cells]]): the others refuse its config.
-RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine", "doctor"})
+RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine", "doctor",
+                          "submit", "set-version", "release"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

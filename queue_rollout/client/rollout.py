@@ -54,7 +54,6 @@ from queue_rollout.errors import (
 from queue_rollout.ledger import cells as farm_cells
 from queue_rollout.ledger.clock import check_clock
 from queue_rollout.ledger.connection import (
-    connect_config,
     mask_url,
     resolve_url,
 )
@@ -154,12 +153,9 @@ class RolloutClient:
                     tokenize: Callable[[str], list[int]] | None = None) -> RolloutClient:
         config = (path_or_config if isinstance(path_or_config, Config)
                   else load_config(path_or_config))
-        cells = {}
-        for cell in config.cells:  # a farm of cells: config names the control Redis
-            seen = config.for_cell(cell.name)
-            cells[cell.name] = Ledger.from_config(connect_config(seen), seen)
-        return cls(Ledger.from_config(connect_config(config), config), config, consumer,
-                   tokenize=tokenize, cells=cells, weights=config.cell_weights())
+        ledger, cells = farm_cells.connect_farm(config)
+        return cls(ledger, config, consumer, tokenize=tokenize, cells=cells,
+                   weights=config.cell_weights())
 
     def submit(self, prompts: Iterable[dict[str, Any]]) -> int:
         """Validate and enqueue prompts, all or none; returns how many. A prompt must
@@ -418,10 +414,7 @@ class RolloutClient:
         return self.ledger.version()
 
     def set_version(self, version: int) -> None:
-        # the cells first: nothing admitted under the new budget starts under the old one
-        for cell in self.cells.values():
-            cell.set_version(version)
-        self.ledger.set_version(version)
+        farm_cells.set_version(self.ledger, self.cells, version)
 
     def status(self) -> dict[str, Any]:
         return farm_status(self.ledger.client, self.config,

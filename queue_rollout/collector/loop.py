@@ -310,9 +310,8 @@ def run_collector(config: Config) -> int:
     import signal
 
     from queue_rollout.collector.metrics import FarmMetrics
-    from queue_rollout.ledger.connection import connect_config
 
-    ledger = Ledger.from_config(connect_config(config), config)
+    ledger, cell_ledgers = cells.connect_farm(config)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -327,11 +326,8 @@ def run_collector(config: Config) -> int:
             return 0
         # a farm of cells: a collector of each cell, one leader (this process's name)
         # on the control Redis
-        collectors = []
-        for cell in config.cells:
-            seen = config.for_cell(cell.name)
-            collectors.append(Collector(Ledger.from_config(connect_config(seen), seen), seen,
-                                        control=ledger, cell=cell.name))
+        collectors = [Collector(cell, config.for_cell(name), control=ledger, cell=name)
+                      for name, cell in cell_ledgers.items()]
         print(f"collector {collectors[0].name} for farm {config.farm.name}, cells "
               f"{', '.join(c.cell for c in collectors)}; metrics (the control Redis's) on "
               f"http://{config.metrics.host}:{port}/metrics", flush=True)

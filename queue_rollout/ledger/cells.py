@@ -19,8 +19,29 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 
+from queue_rollout.config import Config
 from queue_rollout.errors import LedgerError
+from queue_rollout.ledger.connection import connect_config
 from queue_rollout.ledger.core import Admission, Answer, Ledger
+
+
+def connect_farm(config: Config) -> tuple[Ledger, dict[str, Ledger]]:
+    """The farm's ledger (on a farm of cells, the control Redis's) and each cell's by
+    name (none on a farm of one Redis), each checked against the shape its server
+    recorded."""
+    cells = {}
+    for cell in config.cells:
+        seen = config.for_cell(cell.name)
+        cells[cell.name] = Ledger.from_config(connect_config(seen), seen)
+    return Ledger.from_config(connect_config(config), config), cells
+
+
+def set_version(control: Ledger, cells: Mapping[str, Ledger], version: int) -> int:
+    """The policy version, in every cell first (nothing admitted under the new budget
+    starts under the old version), then on *control*; returns the previous one."""
+    for cell in cells.values():
+        cell.set_version(version)
+    return control.set_version(version)
 
 
 def admit_next(control: Ledger, cell: Ledger, name: str,

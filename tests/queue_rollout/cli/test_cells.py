@@ -2,11 +2,13 @@
 own redis-server; `queue-rollout collector` leading all cells, a `queue-rollout
 worker --cell` in each, and a trainer (RolloutClient) submitting, training, pausing and
 raising the version. Every group comes once with its exact lengths, both cells run
-groups, and the staleness budget holds over the whole farm."""
+groups, and the staleness budget holds over the whole farm; `submit`, `set-version` and
+`doctor` take the farm's config."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 from pathlib import Path
 
@@ -58,8 +60,12 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
 
         trainer = RolloutClient.from_config(toml, consumer="t")
         lengths = {f"g{i}": [3 + i % 5, 11] for i in range(12)}
-        trainer.submit([{"id": gid, "prompt": f"cells {gid}", "member_lengths": ls}
-                        for gid, ls in lengths.items()])
+        prompts = [{"id": gid, "prompt": f"cells {gid}", "member_lengths": ls}
+                   for gid, ls in lengths.items()]
+        trainer.submit(prompts[:6])  # half by the trainer, half by `submit`
+        (tmp_path / "more.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts[6:]))
+        assert main(["submit", str(tmp_path / "more.jsonl"), "-c", str(toml)]) == 0
+        assert main(["submit", str(tmp_path / "more.jsonl"), "-c", str(toml)]) == 2  # known
         got: list[str] = []
         for step in range(len(lengths) // B):
             batch = trainer.get_batch(timeout=120)
@@ -72,7 +78,10 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
                 trainer.pause()
                 trainer.resume()
             trainer.ack(batch)
-            trainer.set_version(step + 1)
+            if step % 2:
+                trainer.set_version(step + 1)
+            else:
+                assert main(["set-version", str(step + 1), "-c", str(toml)]) == 0
         assert sorted(got) == sorted(lengths)
         ran = {trainer.ledger.group(gid).cell for gid in got}
         assert ran == {"a", "b"}
