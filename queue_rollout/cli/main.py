@@ -102,10 +102,14 @@ def _doctor_cells(config: Config, control: redis.Redis, keys: Keys, *, repair: b
 
 def _cmd_status(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.ledger.connection import connect_config, mask_url, resolve_url
-    from queue_rollout.ledger.status import farm_status, format_status
+    from queue_rollout.ledger.status import cells_status, farm_status, format_status
 
     client = connect_config(config)
-    status = farm_status(client, config, redis_url=mask_url(resolve_url(config)))
+    if config.cells:
+        status = cells_status(client, {c.name: connect_config(config.for_cell(c.name))
+                                       for c in config.cells}, config)
+    else:
+        status = farm_status(client, config, redis_url=mask_url(resolve_url(config)))
     print(json.dumps(status) if args.json else format_status(status))
     return 0
 
@@ -504,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The commands that take a farm of cells ([[cells]]): the others refuse its config.
 RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine", "doctor",
-                          "submit", "set-version", "release"})
+                          "submit", "set-version", "release", "status"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,7 +59,7 @@ from queue_rollout.ledger.connection import (
 )
 from queue_rollout.ledger.core import Answer, Delivery, Ledger
 from queue_rollout.ledger.registry import Ack, AckKind, Registry
-from queue_rollout.ledger.status import farm_status
+from queue_rollout.ledger.status import cells_status, farm_status
 from queue_rollout.results import decode_result
 
 log = logging.getLogger(__name__)
@@ -417,5 +417,8 @@ class RolloutClient:
         farm_cells.set_version(self.ledger, self.cells, version)
 
     def status(self) -> dict[str, Any]:
+        if self.cells:
+            return cells_status(self.ledger.client,
+                                {name: c.client for name, c in self.cells.items()}, self.config)
         return farm_status(self.ledger.client, self.config,
                            redis_url=mask_url(resolve_url(self.config)))

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from queue_rollout.config import Config
-from queue_rollout.ledger.connection import primary_address, translate_errors
+from queue_rollout.ledger.connection import mask_url, primary_address, translate_errors
 from queue_rollout.ledger.core import BLOCK_REASONS
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
@@ -91,6 +91,32 @@ def _farm_status(client: redis.Redis, config: Config, *, redis_url: str,
     }
 
 
+#: What the cells of a farm add up to in its status (the rest is the control Redis's).
+CELL_SUMS = ("capacity", "reserved", "active_episodes", "tool_waits", "doubtful")
+
+
+def cells_status(control: redis.Redis, cells: dict[str, redis.Redis], config: Config, *,
+                 now: float | None = None) -> dict[str, Any]:
+    """A farm of cells: the control Redis's status (version, pause, groups in flight,
+    accepted and consumed, batches, the collector), the slots, episodes, pending and
+    rejected groups and workers summed over the cells, and each cell's own status
+    under ``cells``."""
+    farm = farm_status(control, config, redis_url=mask_url(config.farm.redis_url), now=now)
+    parts = {name: farm_status(client, seen := config.for_cell(name),
+                               redis_url=mask_url(seen.farm.redis_url), now=now)
+             for name, client in cells.items()}
+    for key in CELL_SUMS:
+        farm[key] = sum(p[key] for p in parts.values())
+    for key in ("pending", "rejected"):
+        farm["groups"][key] = sum(p["groups"][key] for p in parts.values())
+    farm["workers"] = {"alive": sum(p["workers"]["alive"] for p in parts.values()),
+                       "slots": sum(p["workers"]["slots"] for p in parts.values()),
+                       "limits": {w: n for p in parts.values()
+                                  for w, n in p["workers"]["limits"].items()}}
+    farm["cells"] = parts
+    return farm
+
+
 def _collector(leader: dict[bytes, bytes], now: float, lease_s: float) -> dict[str, Any]:
     """The collector that leads, and how long ago it last renewed its lease; no leader
     when none holds an unexpired lease (a stopped collector's lease runs out)."""
@@ -144,6 +170,11 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
         *([f"HOLDING   {s['redis_replicas']} of farm.redis_wait_replicas = "
            f"{s['redis_wait_replicas']} replicas online: no ledger change completes until "
            "enough replicas hold it"] if _short(s) else []),
+        *(f"cell {name:<5} at {c['redis_url']}: {c['reserved']}/{c['capacity']} slots "
+          f"reserved, {c['active_episodes']} running, {c['doubtful']} doubtful; "
+          f"{c['groups']['pending']} pending, {c['groups']['in_flight']} in flight; "
+          f"{c['workers']['alive']} workers, {c['workers']['slots']} slots"
+          for name, c in s.get("cells", {}).items()),
     ])
 
 
