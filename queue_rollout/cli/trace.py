@@ -8,6 +8,7 @@ the message says which, exit 2."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from queue_rollout.config import Config
 
@@ -26,7 +27,20 @@ def cmd_trace(config: Config, args: argparse.Namespace) -> int:
     from queue_rollout.ledger.history import read_story, story_json, story_text
     from queue_rollout.ledger.keys import Keys
 
-    story = read_story(connect_config(config), Keys(config.farm.name), args.group,
+    client, cell = connect_config(config), ""
+    if config.cells:  # the story is kept in the group's cell
+        from queue_rollout.ledger import cells
+
+        control, by_name = cells.connect_farm(config)
+        record = control.group(args.group)
+        cell = (record.cell if record is not None and record.cell in by_name
+                else cells.cell_for(args.group, config.cell_weights()))
+        client = by_name[cell].client
+    story = read_story(client, Keys(config.farm.name), args.group,
                        ttl_s=config.history.ttl_s)
-    print(story_json(story) if args.json else story_text(story))
+    if args.json:
+        print(story_json(story) if not cell else
+              json.dumps({**json.loads(story_json(story)), "cell": cell}))
+    else:
+        print((f"in cell {cell}\n" if cell else "") + story_text(story))
     return 0

@@ -3,7 +3,7 @@ own redis-server; `queue-rollout collector` leading all cells, a `queue-rollout
 worker --cell` in each, and a trainer (RolloutClient) submitting, training, pausing and
 raising the version. Every group comes once with its exact lengths, both cells run
 groups, and the staleness budget holds over the whole farm; `submit`, `set-version`,
-`status` and `doctor` take the farm's config."""
+`status`, `trace` and `doctor` take the farm's config."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
             engine={"slots_per_replica": 4}, timeouts={"shutdown_grace": 2, "lease": 3},
             cells=cells)
         # the commands that do not take a farm of cells yet say so, and node needs its cell
-        assert main(["trace", "g0", "-c", str(toml)]) == 2
+        assert main(["up", "-c", str(toml)]) == 2
         assert "does not run on a farm of cells" in capsys.readouterr().err
         assert main(["node", "--gpus", "0", "-c", str(toml)]) == 2
         assert "name the one its workers join with --cell" in capsys.readouterr().err
@@ -98,6 +98,10 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
         assert status["capacity"] == sum(c["capacity"] for c in status["cells"].values()) == 8
         assert main(["status", "-c", str(toml)]) == 0
         assert "cell a " in capsys.readouterr().out
+        assert main(["trace", got[0], "--json", "-c", str(toml)]) == 0
+        story = json.loads(capsys.readouterr().out)
+        assert story["cell"] == trainer.ledger.group(got[0]).cell
+        assert "acked" in json.dumps(story)
         assert main(["doctor", "-c", str(toml)]) == 0
         said = capsys.readouterr().out
         assert "doctor: cell a: ok" in said and "doctor: control: ok" in said, said
