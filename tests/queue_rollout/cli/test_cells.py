@@ -135,17 +135,18 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
 @pytest.mark.parametrize("mode", ["group", "sample"])
 def test_a_cells_redis_and_the_control_redis_killed_and_restarted(
         tmp_path: Path, mode: str, capsys) -> None:
-    """Each Redis with ``appendfsync always``. Mid-run, cell a's redis-server is killed
+    """A control Redis and three cells, each Redis with ``appendfsync always``, a long
+    tail of episodes. Mid-run, cell a's redis-server is killed
     with ``kill -9`` and restarted (its AOF replayed), then the control Redis's: the
     workers, the collector and the trainer ride both out; every group comes once with
     its exact lengths, the budget held at every admission, and doctor finds the cells and
     the control Redis agreeing."""
     with contextlib.ExitStack() as stack:
         control = start_redis(tmp_path, "control", stack, "always")
-        servers = {n: start_redis(tmp_path, n, stack, "always") for n in "ab"}
+        servers = {n: start_redis(tmp_path, n, stack, "always") for n in "abc"}
         cells = [{"name": n, "redis_url": r.url} for n, r in servers.items()]
-        admission = ({"max_concurrent_rollouts": 4} if mode == "group"
-                     else {"max_concurrent_samples": 7 * 2})
+        admission = ({"max_concurrent_rollouts": 6} if mode == "group"  # 2 groups a cell
+                     else {"max_concurrent_samples": 15})  # 5 slots a cell: refill
         toml = write_farm(
             tmp_path / "farm.toml", farm={"name": "cells", "redis_url": control.url},
             rollout={"group_size": 2, "batch_size": B, "max_staleness": STALENESS,
@@ -154,7 +155,8 @@ def test_a_cells_redis_and_the_control_redis_killed_and_restarted(
             cells=cells)
         procs = start_farm(tmp_path, stack, toml, cells)
         trainer = RolloutClient.from_config(toml, consumer="t")
-        lengths = {f"g{i}": [150 + 50 * (i % 4), 400] for i in range(16)}
+        # a long tail: one group in four has a member eight times as long
+        lengths = {f"g{i}": [100, 800 if i % 4 == 3 else 100] for i in range(18)}
         trainer.submit([{"id": gid, "prompt": f"cells {gid}", "member_lengths": ls}
                         for gid, ls in lengths.items()])
         faults = {1: servers["a"], 4: control}  # after these batches
