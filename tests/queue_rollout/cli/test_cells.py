@@ -136,11 +136,11 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
 def test_a_cells_redis_and_the_control_redis_killed_and_restarted(
         tmp_path: Path, mode: str, capsys) -> None:
     """A control Redis and three cells, each Redis with ``appendfsync always``, a long
-    tail of episodes. Mid-run, cell a's redis-server is killed
-    with ``kill -9`` and restarted (its AOF replayed), then the control Redis's: the
-    workers, the collector and the trainer ride both out; every group comes once with
-    its exact lengths, the budget held at every admission, and doctor finds the cells and
-    the control Redis agreeing."""
+    tail of episodes. Mid-run, cell a's redis-server is killed with ``kill -9`` and
+    restarted (its AOF replayed), then the control Redis's: the workers, the collector
+    and the trainer ride both out; every group comes once with its exact lengths, the
+    budget held at every admission, and doctor finds the cells and the control Redis
+    agreeing."""
     with contextlib.ExitStack() as stack:
         control = start_redis(tmp_path, "control", stack, "always")
         servers = {n: start_redis(tmp_path, n, stack, "always") for n in "abc"}
