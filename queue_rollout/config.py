@@ -369,7 +369,7 @@ class Config(_Section):
             self, farm=msgspec.structs.replace(self.farm, redis_url=cell.redis_url),
             rollout=msgspec.structs.replace(
                 r, max_concurrent_samples=samples,
-                max_concurrent_rollouts=max(1, int(r.max_concurrent_rollouts * share))),
+                max_concurrent_rollouts=int(r.max_concurrent_rollouts * share)),
             cells=[])
 
 
@@ -513,14 +513,18 @@ def _check_cells(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: cells: a farm of cells names its control Redis in "
                           "farm.redis_url (up does not start the Redis servers of cells)")
     r = config.rollout
-    if isinstance(r.max_concurrent_samples, int):
-        for c in config.cells:
-            slots = config.for_cell(c.name).rollout.max_concurrent_samples
-            if isinstance(slots, int) and slots < r.group_size:
-                raise ConfigError(
-                    f"{source}: rollout.max_concurrent_samples: cell {c.name}'s share "
-                    f"(weight {c.weight:g}) is {slots} slots, less than one group of "
-                    f"rollout.group_size = {r.group_size}")
+    for c in config.cells:
+        share = config.for_cell(c.name).rollout
+        if isinstance(share.max_concurrent_samples, int) and (
+                share.max_concurrent_samples < r.group_size):
+            raise ConfigError(
+                f"{source}: rollout.max_concurrent_samples: cell {c.name}'s share "
+                f"(weight {c.weight:g}) is {share.max_concurrent_samples} slots, less than "
+                f"one group of rollout.group_size = {r.group_size}")
+        if r.max_concurrent_samples is None and share.max_concurrent_rollouts < 1:
+            raise ConfigError(
+                f"{source}: cells: cell {c.name}'s share (weight {c.weight:g}) of "
+                f"rollout.max_concurrent_rollouts = {r.max_concurrent_rollouts} groups is none")
 
 
 def decode_config(data: bytes | str, source: str = "config") -> Config:

@@ -409,6 +409,8 @@ def test_a_farm_of_cells_and_what_each_cell_sees():
     (CELLS + "[rollout]\ngroup_size = 8\nmax_concurrent_samples = 16\n",
      "rollout.max_concurrent_samples: cell a's share (weight 1) is 4 slots"),
     (CELLS.replace('name = "a"\n', ""), "cells.0: Object missing required field `name`"),
+    (CELLS + "[rollout]\nmax_concurrent_rollouts = 3\n",
+     "cells: cell a's share (weight 1) of rollout.max_concurrent_rollouts = 3 groups is none"),
 ])
 def test_a_farm_of_cells_refused_says_why(toml, said):
     with pytest.raises(ConfigError, match=re.escape(f"config: {said}")):
