@@ -1,6 +1,8 @@
-"""A farm whose ledger was written by the release before the ledger recorded its
-schema (commit 37aa30b; ``fixtures/write_ledger.py`` says how the file was made) runs
-on under this one: the record gains the schema, and every group is delivered."""
+"""A farm whose ledger was written by an earlier release runs on under this one, every
+group delivered (``fixtures/write_ledger.py`` says how each file was made): the release
+before the ledger recorded its schema (commit 37aa30b: the record gains the schema), and
+the release before a farm could have cells (commit a1367b2: a farm of one Redis, its
+keys as they were)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 from ledgerdump import dump, load
 
 from queue_rollout.ledger.core import Ledger
@@ -17,14 +20,20 @@ from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.shape import SCHEMA
 from testkit import G2_B1, farm_config
 
-FIXTURE = Path(__file__).parent / "fixtures" / "ledger-37aa30b.json"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_a_ledger_written_by_the_release_before_runs_on_in_place(r, redis_url):
-    load(r, json.loads(FIXTURE.read_text()))
+@pytest.mark.parametrize(("release", "had_schema", "handed"), [
+    ("37aa30b", False, 1),  # its outbox entries, bare ids: only a queued attempt's goes
+    ("a1367b2", True, 6),  # every entry becomes a job (start lets one claim win)
+])
+def test_a_ledger_written_by_an_earlier_release_runs_on_in_place(r, redis_url, release,
+                                                                  had_schema, handed):
+    load(r, json.loads((FIXTURES / f"ledger-{release}.json").read_text()))
     keys = Keys("upgrade")
     old = json.loads(r.get(keys.shape))
-    assert "schema" not in old  # as that release wrote it
+    assert ("schema" in old) is had_schema  # as that release wrote it
+    old.pop("schema", None)
     config = farm_config(farm={"name": "upgrade", "redis_url": redis_url},
                          rollout={**G2_B1, "max_staleness": 2})
     now = [1_800_000_100.0]
@@ -32,8 +41,8 @@ def test_a_ledger_written_by_the_release_before_runs_on_in_place(r, redis_url):
     assert json.loads(r.get(keys.shape)) == {**old, "schema": SCHEMA}
     assert examine(r, keys, 1).problems == []
 
-    # the outbox it left: the one attempt still queued becomes a job, the rest go
-    assert flush_outbox(r, keys) == 1 and r.llen(keys.outbox) == 0
+    # the outbox it left: handed over as that release's entries say
+    assert flush_outbox(r, keys) == handed and r.llen(keys.outbox) == 0
     [held] = ledger.held()
     assert (held.consumer, held.groups) == ("trainer", ["p0"])
     assert ledger.ack("trainer", held.id).status == "acked"
