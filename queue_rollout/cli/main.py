@@ -119,6 +119,17 @@ def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
 
     from queue_rollout.lab.plan.main import PlanArgs, run
 
+    if args.cells:
+        from queue_rollout.lab.plan.cells import run_cells
+
+        Path(config.farm.state_dir).mkdir(parents=True, exist_ok=True)
+        print(run_cells(gpus=args.gpus, slots=args.slots_per_replica,
+                        episode_s=args.episode_s, group_size=args.group_size,
+                        batch_size=args.batch_size,
+                        redis_load=Path(args.redis_load) if args.redis_load else None,
+                        workdir=Path(config.farm.state_dir), as_json=args.json))
+        return 0
+
     given = [flag for flag, value in (("--profile", args.profile),
                                       ("--workload", args.workload),
                                       ("--from-farm", args.from_farm)) if value]
@@ -500,6 +511,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-load", metavar="FILE",
                    help="Redis costs from `bench --profile redis-load --json` (default: "
                         "the figures shipped with the package)")
+    p.add_argument("--cells", action="store_true",
+                   help="instead: how many cells (Redis servers) a farm of --gpus x "
+                        "--slots-per-replica with --episode-s episodes needs, and each "
+                        "server's share of a quiet core, by arithmetic from --redis-load "
+                        "(a run with units) and the control Redis's cost per group, "
+                        "measured on a private Redis")
+    p.add_argument("--episode-s", type=positive_float,
+                   help="--cells: the mean seconds an episode runs")
     p.add_argument("--json", action="store_true", help="one JSON object per setting")
     p.add_argument("--out", metavar="DIR", help="write plan.md, plan.jsonl and PNG plots "
                    "here (needs matplotlib: queue-rollout[bench])")
@@ -524,10 +543,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config)
-        if config.cells and args.command not in RUN_ON_CELLS:
+        if (config.cells and args.command not in RUN_ON_CELLS
+                and not (args.command == "plan" and args.cells)):
             raise ConfigError(f"{args.command}: does not run on a farm of cells ([[cells]]) "
-                              f"yet; these do: {', '.join(sorted(RUN_ON_CELLS))}, and "
-                              "RolloutClient")
+                              f"yet; these do: {', '.join(sorted(RUN_ON_CELLS))}, "
+                              "plan --cells and RolloutClient")
         handler: Callable[[Config, argparse.Namespace], int] = args.handler
         return handler(config, args)
     except QueueRolloutError as exc:

@@ -1,0 +1,205 @@
+"""``queue-rollout plan --cells``: how many cells a farm needs, by arithmetic.
+
+A farm of cells puts its per-attempt traffic on the cells and its per-group farm-wide
+decisions on the control Redis, each server's load a share of one core (Redis runs
+commands on one thread). The planned farm (GPUs x slots, every slot busy with episodes
+of ``episode_s`` seconds) then costs, in units of one trivial script call:
+
+- **the cells**, all together: the idle GPUs (``idle_units_per_gpu_s`` x GPUs), the
+  episodes (``units_per_episode`` x episodes/s: a cell runs a farm of one's scripts,
+  admission and judgement included) and the running episodes' leases
+  (``lease_units_per_episode_s`` x slots), all from a ``bench --profile redis-load
+  --json`` of a farm of one Redis; plus each cell's collector thread
+  (``collector_units_per_s`` a cell). As many cells as keep each under ``limit_pct``
+  of a quiet core;
+- **the control Redis**: per group one reservation, one settlement, and its share of
+  a batch's pop and acknowledgement, measured here on a private Redis in the same
+  units (its trivial calls measured on it in the same run), x groups/s; plus the
+  collector's (``collector_units_per_s``, once: its leader lease and ticks).
+
+The workers read the pause flag and the version in their cell, so the idle GPUs' load
+is the cells'. A prediction: the per-server figures are not measured on a farm of
+cells yet.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from queue_rollout.config import RolloutConfig
+from queue_rollout.errors import BadInput, InvariantViolation
+from queue_rollout.lab.redis_info import read, trivial_calls
+from queue_rollout.ledger.connection import connect
+from queue_rollout.ledger.core import Ledger
+from queue_rollout.ledger.embedded import EmbeddedRedis
+
+#: The figures of a redis-load JSON the arithmetic takes (units: one trivial call).
+NEEDED = ("idle_units_per_gpu_s", "units_per_episode", "lease_units_per_episode_s",
+          "collector_units_per_s", "quiet_core_units_per_s")
+#: The most of a quiet core a server is planned to carry.
+LIMIT_PCT = 70.0
+
+
+@dataclass(frozen=True)
+class CellsPlan:
+    gpus: int
+    slots: int
+    episode_s: float
+    group_size: int
+    batch_size: int
+    quiet_core: float  # units/s a quiet core runs
+    idle: float  # units/s, over all cells
+    episodes: float
+    leases: float
+    cell_collector: float  # units/s, each cell
+    control_per_group: float  # units, measured
+    control_collector: float  # units/s
+    limit_pct: float = LIMIT_PCT
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.gpus * self.slots / self.episode_s
+
+    @property
+    def groups_per_s(self) -> float:
+        return self.episodes_per_s / self.group_size
+
+    @property
+    def cells_load(self) -> float:
+        """Units/s over all cells, their collector threads left out."""
+        return self.idle + self.episodes + self.leases
+
+    @property
+    def cells(self) -> int:
+        """The fewest cells that keep each under the limit."""
+        room = self.limit_pct / 100 * self.quiet_core - self.cell_collector
+        if room <= 0:
+            raise BadInput(f"a cell's collector alone ({self.cell_collector:g} units/s) "
+                           f"passes {self.limit_pct:g}% of a quiet core")
+        return max(1, math.ceil(self.cells_load / room))
+
+    @property
+    def cell_pct(self) -> float:
+        return 100 * (self.cells_load / self.cells + self.cell_collector) / self.quiet_core
+
+    @property
+    def control_load(self) -> float:
+        return self.control_per_group * self.groups_per_s + self.control_collector
+
+    @property
+    def control_pct(self) -> float:
+        return 100 * self.control_load / self.quiet_core
+
+
+def measure_control_per_group(workdir: Path, *, groups: int = 2000, group_size: int = 8,
+                              batch_size: int = 16, rounds: int = 3) -> float:
+    """Redis's cost on the control Redis of one group, in units of one trivial call
+    measured on the same server: a reservation, a settlement (accepted), and its share
+    of a batch's pop and acknowledgement, one call at a time on one connection; the
+    median of *rounds*."""
+    rollout = RolloutConfig(group_size=group_size, batch_size=batch_size,
+                            max_staleness=groups * rounds, max_concurrent_samples="auto")
+    per_group = []
+    with EmbeddedRedis(workdir, write_url=False) as server:
+        client, meter = connect(server.url), connect(server.url)
+        try:
+            control = Ledger(client, "plan-cells", rollout)
+            for r in range(rounds):
+                unit = trivial_calls(meter)
+                a = read(meter)
+                for i in range(groups):
+                    gid = f"r{r}-g{i}"
+                    control.reserve(gid, "a")
+                    control.settle(gid, accept=True)
+                    if (i + 1) % batch_size == 0:
+                        delivery = control.pop_batch("trainer")
+                        if delivery is None:
+                            raise InvariantViolation("plan --cells: B settled groups "
+                                                     "made no batch")
+                        control.ack("trainer", delivery.batch.id)
+                b = read(meter)
+                unit_cpu = unit.cpu_s / sum(unit.calls.values())
+                per_group.append((b.cpu_s - a.cpu_s) / groups / unit_cpu)
+        finally:
+            client.close()
+            meter.close()
+    return statistics.median(per_group)
+
+
+def plan_cells(costs: dict[str, Any], control_per_group: float, *, gpus: int, slots: int,
+               episode_s: float, group_size: int, batch_size: int,
+               limit_pct: float = LIMIT_PCT) -> CellsPlan:
+    """The plan for a farm of *gpus* x *slots* with *episode_s* episodes, from a
+    redis-load JSON's *costs* and the control Redis's cost per group."""
+    missing = [k for k in NEEDED if costs.get(k) is None]
+    if missing:
+        raise BadInput("plan --cells: the redis-load figures lack "
+                       f"{', '.join(missing)} (a `bench --profile redis-load --json` with "
+                       "units and priced leases)")
+    running = gpus * slots
+    return CellsPlan(
+        gpus, slots, episode_s, group_size, batch_size,
+        quiet_core=costs["quiet_core_units_per_s"],
+        idle=costs["idle_units_per_gpu_s"] * gpus,
+        episodes=costs["units_per_episode"] * running / episode_s,
+        leases=costs["lease_units_per_episode_s"] * running,
+        cell_collector=costs["collector_units_per_s"],
+        control_per_group=control_per_group,
+        control_collector=costs["collector_units_per_s"], limit_pct=limit_pct)
+
+
+def cells_text(p: CellsPlan) -> str:
+    return "\n".join([
+        f"plan --cells: {p.gpus:,} GPUs x {p.slots} slots, {p.episode_s:g} s episodes, "
+        f"G {p.group_size}, B {p.batch_size}: {p.episodes_per_s:,.0f} episodes/s, "
+        f"{p.groups_per_s:,.0f} groups/s (a quiet core: {p.quiet_core:,.0f} units/s)",
+        f"  cells          {p.cells} (each under {p.limit_pct:g}% of a quiet core): "
+        f"{p.cell_pct:.1f}% each",
+        f"    over all cells: idle {p.idle:,.0f} + episodes {p.episodes:,.0f} + leases "
+        f"{p.leases:,.0f} units/s, and {p.cell_collector:,.0f} units/s a cell (its "
+        "collector thread)",
+        f"  control Redis  {p.control_pct:.1f}% of a quiet core: "
+        f"{p.control_per_group:.2f} units a group (reserve, settle, a batch's pop and "
+        f"ack shared; measured here) x {p.groups_per_s:,.0f} groups/s + the collector "
+        f"{p.control_collector:,.0f} units/s",
+        "  a prediction from a farm of one Redis's figures: not measured on cells yet",
+    ])
+
+
+def cells_json(p: CellsPlan) -> dict[str, Any]:
+    return {"gpus": p.gpus, "slots_per_gpu": p.slots, "episode_s": p.episode_s,
+            "group_size": p.group_size, "batch_size": p.batch_size,
+            "episodes_per_s": round(p.episodes_per_s, 1),
+            "groups_per_s": round(p.groups_per_s, 1), "quiet_core_units_per_s": p.quiet_core,
+            "cells": p.cells, "cell_core_pct": round(p.cell_pct, 2),
+            "cells_units_per_s": {"idle": round(p.idle), "episodes": round(p.episodes),
+                                  "leases": round(p.leases),
+                                  "collector_each": round(p.cell_collector, 1)},
+            "control_units_per_group": round(p.control_per_group, 3),
+            "control_core_pct": round(p.control_pct, 2), "limit_pct": p.limit_pct}
+
+
+def run_cells(*, gpus: int | None, slots: int | None, episode_s: float | None,
+              group_size: int | None, batch_size: int | None, redis_load: Path | None,
+              workdir: Path, as_json: bool) -> str:
+    """``plan --cells``: the arithmetic for the flags, as text or one JSON line."""
+    import json
+    import tempfile
+
+    from queue_rollout.lab.plan.headroom import load_redis_costs
+
+    if gpus is None or slots is None or episode_s is None:
+        raise BadInput("plan --cells takes --gpus, --slots-per-replica and --episode-s")
+    if episode_s <= 0:
+        raise BadInput(f"--episode-s must be > 0, got {episode_s:g}")
+    g, b = group_size or 8, batch_size or 16
+    costs = load_redis_costs(redis_load)
+    with tempfile.TemporaryDirectory(dir=workdir) as scratch:
+        per_group = measure_control_per_group(Path(scratch), group_size=g, batch_size=b)
+    p = plan_cells(costs, per_group, gpus=gpus, slots=slots, episode_s=episode_s,
+                   group_size=g, batch_size=b)
+    return json.dumps(cells_json(p)) if as_json else cells_text(p)
