@@ -315,7 +315,7 @@ def run_collector(config: Config) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    metrics = FarmMetrics(ledger, config)
+    metrics = FarmMetrics(ledger, config, cell_ledgers)
     port = metrics.serve()
     try:
         if not config.cells:
@@ -329,7 +329,7 @@ def run_collector(config: Config) -> int:
         collectors = [Collector(cell, config.for_cell(name), control=ledger, cell=name)
                       for name, cell in cell_ledgers.items()]
         print(f"collector {collectors[0].name} for farm {config.farm.name}, cells "
-              f"{', '.join(c.cell for c in collectors)}; metrics (the control Redis's) on "
+              f"{', '.join(c.cell for c in collectors)}; metrics on "
               f"http://{config.metrics.host}:{port}/metrics", flush=True)
         threads = [c.start(stop) for c in collectors]
         while not stop.wait(1.0):

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -38,11 +40,65 @@ RETRY_CAUSES = ("lease_expired", "worker_lost", "replica_restart", "generate_err
                 "doubt_timeout")
 
 
-class LedgerCollector:
-    """A prometheus_client collector that reads the ledger at each scrape."""
+#: On a farm of cells, the counters the control Redis keeps for the farm (the cells
+#: keep their own of these for their own groups); every other counter is the cells' sum.
+FARM_COUNTERS = ("in_flight", "accepted", "consumed", "batches", "released", "acks_refused")
 
-    def __init__(self, ledger: Ledger, config: Config) -> None:
-        self.ledger, self.config = ledger, config
+
+@dataclass
+class Reading:
+    """What one scrape reads of a ledger."""
+
+    counters: dict[str, int]
+    version: int
+    paused: bool
+    workers: dict[str, dict[str, Any]]
+    capacity: int
+    ready: int
+    memory: int
+
+
+def read_ledger(ledger: Ledger, config: Config) -> Reading:
+    client, keys = ledger.client, ledger.keys
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.counters)
+    pipe.hmget(keys.state, ["version", "paused"])
+    pipe.llen(keys.ready)
+    counters_raw, (version, paused), ready = pipe.execute()
+    registry = Registry(client, keys, config.timeouts.lease)
+    workers = registry.live()
+    return Reading({k.decode(): int(v) for k, v in counters_raw.items()}, int(version or 0),
+                   paused == b"1", workers, config.rollout.capacity_slots(registry.slots(workers)),
+                   ready, int(client.info("memory").get("used_memory", 0)))
+
+
+def farm_reading(control: Reading, cells: dict[str, Reading]) -> Reading:
+    """A farm of cells as one: the version, pause flag, ready groups and the farm's
+    group counters from the control Redis; the other counters, the workers, the
+    capacity and Redis's memory summed over the cells (memory: and the control
+    Redis)."""
+    counters = Counter[str]()
+    for part in cells.values():
+        counters.update(part.counters)
+    for name, value in control.counters.items():  # the control Redis's refusals too
+        if name.startswith("blocked:"):
+            counters[name] += value
+    for name in FARM_COUNTERS:
+        counters[name] = control.counters.get(name, 0)
+    return Reading(dict(counters), control.version, control.paused,
+                   {w: r for part in cells.values() for w, r in part.workers.items()},
+                   sum(p.capacity for p in cells.values()), control.ready,
+                   control.memory + sum(p.memory for p in cells.values()))
+
+
+class LedgerCollector:
+    """A prometheus_client collector that reads the ledger at each scrape; on a farm of
+    cells, the control Redis's and every cell's (the farm summed, and a few figures of
+    each cell labelled ``cell``)."""
+
+    def __init__(self, ledger: Ledger, config: Config,
+                 cells: dict[str, Ledger] | None = None) -> None:
+        self.ledger, self.config, self.cells = ledger, config, cells or {}
 
     def _replicas_acked(self) -> int:
         """The last WAIT answer of the collector's changes; a farm that does not wait
@@ -53,15 +109,13 @@ class LedgerCollector:
         return int(self.ledger.client.execute_command("WAIT", 0, 0))
 
     def collect(self) -> Iterator[Metric]:
-        client, keys = self.ledger.client, self.ledger.keys
-        pipe = client.pipeline(transaction=False)
-        pipe.hgetall(keys.counters)
-        pipe.hmget(keys.state, ["version", "paused"])
-        counters_raw, (version, paused) = pipe.execute()
-        c = {k.decode(): int(v) for k, v in counters_raw.items()}
-        registry = Registry(client, keys, self.config.timeouts.lease)
-        workers = registry.live()
-        capacity = self.config.rollout.capacity_slots(registry.slots(workers))
+        reading = read_ledger(self.ledger, self.config)
+        parts = {name: read_ledger(cell, self.config.for_cell(name))
+                 for name, cell in self.cells.items()}
+        if parts:
+            reading = farm_reading(reading, parts)
+            yield from _cell_gauges(parts)
+        c, workers, capacity = reading.counters, reading.workers, reading.capacity
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(P + name, doc, value=value)
@@ -81,7 +135,7 @@ class LedgerCollector:
         mode.add_metric([self.config.rollout.mode], 1)
         yield mode
         yield gauge("paused", "1 while the farm is paused (nothing admitted), else 0.",
-                    int(paused == b"1"))
+                    int(reading.paused))
         yield gauge("sample_slots", "Episode slots (capacity; group mode: G per group).", capacity)
         yield gauge("sample_slots_reserved", "Episode slots reserved.", c.get("reserved", 0))
         yield gauge("active_episodes", "Running attempts.", c.get("running", 0))
@@ -90,7 +144,7 @@ class LedgerCollector:
                     "kept, nothing generating).", c.get("tool_wait", 0))
         yield gauge("partial_groups", "Admitted groups with some members ended.",
                     c.get("partial", 0))
-        yield gauge("policy_version", "The policy version.", int(version or 0))
+        yield gauge("policy_version", "The policy version.", reading.version)
         yield gauge("workers_alive", "Workers whose supervisor reported recently.", len(workers))
         slots = GaugeMetricFamily(P + "worker_slots", "Episode slots a live worker takes "
                                   "jobs for (its limit, with adaptive concurrency).",
@@ -99,10 +153,9 @@ class LedgerCollector:
             slots.add_metric([worker], int(record.get("slots", 0)))
         yield slots
         yield gauge("groups_in_flight", "Admitted groups not yet judged.", c.get("in_flight", 0))
-        yield gauge("groups_ready", "Accepted groups waiting for a batch.",
-                    client.llen(keys.ready))
-        yield gauge("redis_used_memory_bytes", "Redis used_memory.",
-                    int(client.info("memory").get("used_memory", 0)))
+        yield gauge("groups_ready", "Accepted groups waiting for a batch.", reading.ready)
+        yield gauge("redis_used_memory_bytes", "Redis used_memory (a farm of cells: all its "
+                    "servers').", reading.memory)
         yield gauge("redis_wait_replicas", "farm.redis_wait_replicas: replicas every ledger "
                     "change waits for.", self.config.farm.redis_wait_replicas)
         yield gauge("redis_replicas_acked", "Replicas that acknowledged the collector's "
@@ -142,6 +195,26 @@ class LedgerCollector:
                        FAIL_REASONS, "failed")
 
 
+def _cell_gauges(parts: dict[str, Reading]) -> Iterator[Metric]:
+    """A few figures of each cell, labelled ``cell``."""
+    for name, doc, value in (
+            ("cell_sample_slots", "A cell's episode slots (capacity).",
+             lambda r: r.capacity),
+            ("cell_sample_slots_reserved", "A cell's episode slots reserved.",
+             lambda r: r.counters.get("reserved", 0)),
+            ("cell_active_episodes", "A cell's running attempts.",
+             lambda r: r.counters.get("running", 0)),
+            ("cell_doubtful_attempts", "A cell's attempts in doubt.",
+             lambda r: r.counters.get("doubtful", 0)),
+            ("cell_workers_alive", "A cell's live workers.", lambda r: len(r.workers)),
+            ("cell_groups_in_flight", "A cell's admitted groups not yet judged.",
+             lambda r: r.counters.get("in_flight", 0))):
+        family = GaugeMetricFamily(P + name, doc, labels=["cell"])
+        for cell, reading in sorted(parts.items()):
+            family.add_metric([cell], value(reading))
+        yield family
+
+
 class ConstantLabels:
     """The metrics of the collectors registered in *source*, each sample with *labels*
     added (a sample's own label of the same name wins)."""
@@ -161,10 +234,11 @@ class FarmMetrics:
     ``/metrics`` exports: the ledger's values and the histograms (registered in a
     private registry of their own), each series labelled ``farm``."""
 
-    def __init__(self, ledger: Ledger, config: Config) -> None:
+    def __init__(self, ledger: Ledger, config: Config,
+                 cells: dict[str, Ledger] | None = None) -> None:
         self.ledger, self.config = ledger, config
         source = CollectorRegistry()
-        source.register(LedgerCollector(ledger, config))
+        source.register(LedgerCollector(ledger, config, cells))
         self.registry = CollectorRegistry()
         self.registry.register(ConstantLabels(source, {FARM_LABEL: config.farm.name}))
         self.episode_duration = Histogram(
@@ -186,21 +260,34 @@ class FarmMetrics:
             P + "tool_wait_seconds", "Each tool wait between turns of a recorded episode.",
             registry=source,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf")))
-        # start from now: earlier observations belong to an earlier exporter's histograms
-        last = ledger.client.xrevrange(ledger.keys.observations, count=1)
-        self._last_id = last[0][0].decode() if last else "0-0"
+        # each server's stream (a farm of cells: the control Redis's has the batches',
+        # the cells' the episodes'), from now: earlier observations belong to an
+        # earlier exporter's histograms
+        self._streams: list[tuple[Ledger, str]] = []
+        for each in (ledger, *(cells or {}).values()):
+            last = each.client.xrevrange(each.keys.observations, count=1)
+            self._streams.append((each, last[0][0].decode() if last else "0-0"))
         self._server: WSGIServer | None = None
 
     def poll_observations(self) -> int:
-        """Feed the histograms from the observations stream; returns entries read."""
-        client, key = self.ledger.client, self.ledger.keys.observations
+        """Feed the histograms from the observations streams; returns entries read."""
+        n = 0
+        for i, (each, last_id) in enumerate(self._streams):
+            read, self._streams[i] = self._poll(each, last_id)
+            n += read
+        return n
+
+    def _poll(self, ledger: Ledger, last_id: str) -> tuple[int, tuple[Ledger, str]]:
+        """The entries of *ledger*'s stream after *last_id* observed; (how many, the
+        stream and its last id read)."""
+        client, key = ledger.client, ledger.keys.observations
         n = 0
         while True:
-            streams = client.xread({key: self._last_id}, count=1000)
+            streams = client.xread({key: last_id}, count=1000)
             if not streams:
-                return n
+                return n, (ledger, last_id)
             for entry_id, fields in streams[0][1]:
-                self._last_id = entry_id.decode()
+                last_id = entry_id.decode()
                 n += 1
                 value = float(fields[b"v"])
                 kind = fields[b"k"]

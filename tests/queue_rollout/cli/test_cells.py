@@ -18,7 +18,7 @@ import pytest
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main
 from queue_rollout.lab.sim.server import ThreadedSimEngine
-from queue_rollout.ledger.embedded import EmbeddedRedis
+from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.procs import cli_exe, stop_all
 from testkit import write_farm
 
@@ -67,6 +67,7 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
             rollout={"group_size": 2, "batch_size": B, "max_concurrent_samples": 8,
                      "max_staleness": STALENESS},
             engine={"slots_per_replica": 4}, timeouts={"shutdown_grace": 2, "lease": 3},
+            metrics={"port": free_port()},
             cells=cells)
         # the commands that do not take a farm of cells yet say so, and node needs its cell
         assert main(["up", "-c", str(toml)]) == 2
@@ -152,6 +153,7 @@ def test_a_cells_redis_and_the_control_redis_killed_and_restarted(
             rollout={"group_size": 2, "batch_size": B, "max_staleness": STALENESS,
                      **admission},
             engine={"slots_per_replica": 4}, timeouts={"shutdown_grace": 2, "lease": 3},
+            metrics={"port": free_port()},
             cells=cells)
         procs = start_farm(tmp_path, stack, toml, cells)
         trainer = RolloutClient.from_config(toml, consumer="t")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import urllib.request
 
 import msgspec
+import redis
 
 from queue_rollout.collector.loop import Collector
 from queue_rollout.collector.metrics import FarmMetrics
 from queue_rollout.config import Config
+from queue_rollout.ledger import cells
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.results import EpisodeResult, encode_result
@@ -194,3 +196,54 @@ def test_a_metrics_port_in_use_is_one_line_naming_its_key_and_the_collector_exit
         done = subprocess.run([cli_exe(), "collector", "-c", str(toml)], capture_output=True,
                               text=True, timeout=60)
     assert done.returncode == 2 and done.stderr == f"queue-rollout: {said}\n"
+
+
+def test_a_farm_of_cells_is_exported_as_one_and_each_cell_apart(redis_url, clock):
+    """The control Redis and two cells as databases of one server: the farm's figures
+    summed over the cells (the budget's and the batches' the control Redis's), a few of
+    each cell labelled, the histograms fed from every server's observations."""
+    base = redis_url.rsplit("/", 1)[0]
+    clients = [redis.Redis.from_url(f"{base}/{db}") for db in (1, 2, 3)]
+    try:
+        config = msgspec.convert({
+            "farm": {"name": "m", "redis_url": f"{base}/1"},
+            "rollout": {"group_size": 2, "batch_size": 1, "max_concurrent_samples": 8,
+                        "max_staleness": 10},
+            "cells": [{"name": "a", "redis_url": f"{base}/2"},
+                      {"name": "b", "redis_url": f"{base}/3"}]}, Config)
+        control, a, b = (Ledger(c, "m", config.for_cell(n).rollout if n else config.rollout,
+                                clock=clock) for c, n in zip(clients, ("", "a", "b"), strict=True))
+        for name, cell in (("a", a), ("b", b)):
+            cell.submit([(f"{name}{i}", b'{"prompt": "x"}') for i in range(2)])
+            admission = cells.admit_next(control, cell, name)
+            cells.admit_next(control, cell, name)
+            for m, aid in enumerate(admission.attempt_ids):
+                cell.start(aid, "w", "r", "b", 30)
+                clock.advance(7)
+                cell.finish(aid, m, b"r", output_tokens=3)
+            cells.judge(control, cell, admission.group_id, accept=True)
+        running = a.group("a1").attempt_ids[0]
+        a.start(running, "w", "r", "b", 30)
+        delivery = control.pop_batch("t")
+        assert delivery is not None
+        cells.ack(control, {"a": a, "b": b}, "t", delivery.batch.id, delivery.batch.groups)
+        metrics = FarmMetrics(control, config, {"a": a, "b": b})
+        for m, aid in enumerate(b.group("b1").attempt_ids):  # after the exporter began
+            b.start(aid, "w", "r", "b", 30)
+            clock.advance(7)
+            b.finish(aid, m, b"r", output_tokens=3)
+        text = metrics.exposition().decode()
+        assert sample(text, "episode_duration_seconds_count") == 2  # from cell b's stream
+        assert sample(text, "sample_slots") == 8  # 4 a cell
+        assert sample(text, "sample_slots_reserved") == 2  # a1's (b1 ended)
+        assert sample(text, "active_episodes") == 1
+        assert sample(text, "groups_admitted_total") == 4  # the cells' admissions
+        assert sample(text, "groups_in_flight") == 2  # a1, b1: the control Redis's
+        assert sample(text, "groups_accepted_total") == 2
+        assert sample(text, "groups_consumed_total") == 1
+        assert sample(text, "output_tokens_total") == 18
+        assert 'queue_rollout_cell_active_episodes{cell="a",farm="m"} 1.0' in text
+        assert 'queue_rollout_cell_sample_slots{cell="b",farm="m"} 4.0' in text
+    finally:
+        for c in clients:
+            c.close()
