@@ -17,6 +17,7 @@ import pytest
 
 from queue_rollout import RolloutClient
 from queue_rollout.cli.main import main
+from queue_rollout.client.rollout import Batch
 from queue_rollout.lab.sim.server import ThreadedSimEngine
 from queue_rollout.ledger.embedded import EmbeddedRedis, free_port
 from queue_rollout.procs import cli_exe, stop_all
@@ -32,6 +33,18 @@ def start_redis(tmp_path: Path, name: str, stack: contextlib.ExitStack,
     server.start()
     stack.callback(server.stop)
     return server
+
+
+def take(trainer: RolloutClient, lengths: dict[str, list[int]], got: list[str],
+         admitted: dict[str, int], *, timeout: float) -> Batch:
+    """The next batch; each group's members at their assigned lengths, its id added to
+    *got* and its admission version to *admitted*."""
+    batch = trainer.get_batch(timeout=timeout)
+    for group in batch.groups:
+        got.append(group.id)
+        assert [len(m.output_ids) for m in group.members] == lengths[group.id]
+        admitted[group.id] = group.version
+    return batch
 
 
 def budget_held(admitted: dict[str, int]) -> None:
@@ -88,11 +101,7 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
         got: list[str] = []
         admitted: dict[str, int] = {}  # group id -> the version it was admitted under
         for step in range(len(lengths) // B):
-            batch = trainer.get_batch(timeout=120)
-            for group in batch.groups:
-                got.append(group.id)
-                assert [len(m.output_ids) for m in group.members] == lengths[group.id]
-                admitted[group.id] = group.version
+            batch = take(trainer, lengths, got, admitted, timeout=120)
             if step == 2:  # the pause barrier: every cell's worker paused its replica
                 trainer.pause()
                 trainer.resume()
@@ -165,11 +174,7 @@ def test_a_cells_redis_and_the_control_redis_killed_and_restarted(
         got: list[str] = []
         admitted: dict[str, int] = {}  # group id -> the version it was admitted under
         for step in range(len(lengths) // B):
-            batch = trainer.get_batch(timeout=180)
-            for group in batch.groups:
-                got.append(group.id)
-                assert [len(m.output_ids) for m in group.members] == lengths[group.id]
-                admitted[group.id] = group.version
+            batch = take(trainer, lengths, got, admitted, timeout=180)
             trainer.ack(batch)
             trainer.set_version(step + 1)
             if step in faults:  # episodes run meanwhile: the workers and collector see it
