@@ -122,12 +122,11 @@ def _cmd_plan(config: Config, args: argparse.Namespace) -> int:
     if args.cells:
         from queue_rollout.lab.plan.cells import run_cells
 
-        Path(config.farm.state_dir).mkdir(parents=True, exist_ok=True)
         print(run_cells(gpus=args.gpus, slots=args.slots_per_replica,
                         episode_s=args.episode_s, group_size=args.group_size,
                         batch_size=args.batch_size,
                         redis_load=Path(args.redis_load) if args.redis_load else None,
-                        workdir=Path(config.farm.state_dir), as_json=args.json))
+                        as_json=args.json))
         return 0
 
     given = [flag for flag, value in (("--profile", args.profile),

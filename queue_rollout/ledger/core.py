@@ -254,8 +254,7 @@ class Ledger:
         status = _s(reply[0])
         if status == "blocked":
             return Reservation("blocked", reason=_s(reply[1]))
-        return Reservation(status,  # type: ignore[arg-type]
-                           version=int(reply[1]), cell=_s(reply[2]) if len(reply) > 2 else cell)
+        return Reservation(status, version=int(reply[1]), cell=_s(reply[2]))  # type: ignore[arg-type]
 
     def settle(self, group_id: str, *, accept: bool, reason: str = "") -> Answer:
         """On the control Redis of a farm of several cells: the verdict on a group its

@@ -112,14 +112,8 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
         "partial": sum(1 for g in groups.values()
                        if g.state == "in_flight" and g.done > 0 and g.G > 1),
     }
-    stored = {f.decode(): int(v) for f, v in client.hgetall(keys.counters).items()}
-    report = Report(expected, stored)
+    report = _counters_report(client, keys, expected)
     problems = report.problems
-    for name, value in expected.items():
-        if stored.get(name, 0) != value:
-            problems.append(f"{name}: stored {stored.get(name, 0)}, records say {value}")
-    problems += [f"{name}: negative ({value})" for name, value in sorted(stored.items())
-                 if value < 0]
     for state, zkey in (("running", keys.leases), ("doubtful", keys.doubt)):
         members = {m.decode() for m in client.zrange(zkey, 0, -1)}
         if members != live[state]:
@@ -138,6 +132,18 @@ def examine(client: redis.Redis, keys: Keys, batch_size: int) -> Report:
     _check_results(client, keys, ended_members, report)
     _check_batches(client, keys, groups, report)
     _check_ready_and_budget(client, keys, batch_size, states, report)
+    return report
+
+
+def _counters_report(client: redis.Redis, keys: Keys, expected: dict[str, int]) -> Report:
+    """The stored counters against *expected* (recomputed from the records), and any
+    negative one, as the report's first problems."""
+    stored = {f.decode(): int(v) for f, v in client.hgetall(keys.counters).items()}
+    report = Report(expected, stored)
+    report.problems += [f"{name}: stored {stored.get(name, 0)}, records say {value}"
+                        for name, value in expected.items() if stored.get(name, 0) != value]
+    report.problems += [f"{name}: negative ({value})" for name, value in sorted(stored.items())
+                        if value < 0]
     return report
 
 
@@ -173,17 +179,11 @@ def examine_control(client: redis.Redis, keys: Keys, batch_size: int,
     expected = {"in_flight": states["in_flight"],
                 "accepted": states["accepted"] + states["delivered"] + states["consumed"],
                 "consumed": states["consumed"]}
-    stored = {f.decode(): int(v) for f, v in client.hgetall(keys.counters).items()}
-    report = Report(expected, stored)
-    for name, value in expected.items():
-        if stored.get(name, 0) != value:
-            report.problems.append(f"{name}: stored {stored.get(name, 0)}, records say {value}")
-    report.problems += [f"{name}: negative ({value})" for name, value in sorted(stored.items())
-                        if value < 0]
+    report = _counters_report(client, keys, expected)
     _check_batches(client, keys, groups, report)
     _check_ready_and_budget(client, keys, batch_size, states, report)
     for name, cell in sorted(cells.items()):
-        theirs = {gid.decode(): decode_group(raw) for gid, raw in _scan(cell, keys.groups)}
+        theirs = {gid.decode() for gid, _ in _scan(cell, keys.groups)}
         head = cell.lindex(keys.pending, 0)
         for gid, g in sorted(groups.items()):
             if g.cell == name and gid not in theirs and (

@@ -55,9 +55,8 @@ class CellsPlan:
     idle: float  # units/s, over all cells
     episodes: float
     leases: float
-    cell_collector: float  # units/s, each cell
+    collector: float  # units/s: a cell's collector thread, and the control Redis's share
     control_per_group: float  # units, measured
-    control_collector: float  # units/s
     limit_pct: float = LIMIT_PCT
 
     @property
@@ -76,19 +75,19 @@ class CellsPlan:
     @property
     def cells(self) -> int:
         """The fewest cells that keep each under the limit."""
-        room = self.limit_pct / 100 * self.quiet_core - self.cell_collector
+        room = self.limit_pct / 100 * self.quiet_core - self.collector
         if room <= 0:
-            raise BadInput(f"a cell's collector alone ({self.cell_collector:g} units/s) "
+            raise BadInput(f"a cell's collector alone ({self.collector:g} units/s) "
                            f"passes {self.limit_pct:g}% of a quiet core")
         return max(1, math.ceil(self.cells_load / room))
 
     @property
     def cell_pct(self) -> float:
-        return 100 * (self.cells_load / self.cells + self.cell_collector) / self.quiet_core
+        return 100 * (self.cells_load / self.cells + self.collector) / self.quiet_core
 
     @property
     def control_load(self) -> float:
-        return self.control_per_group * self.groups_per_s + self.control_collector
+        return self.control_per_group * self.groups_per_s + self.collector
 
     @property
     def control_pct(self) -> float:
@@ -147,9 +146,8 @@ def plan_cells(costs: dict[str, Any], control_per_group: float, *, gpus: int, sl
         idle=costs["idle_units_per_gpu_s"] * gpus,
         episodes=costs["units_per_episode"] * running / episode_s,
         leases=costs["lease_units_per_episode_s"] * running,
-        cell_collector=costs["collector_units_per_s"],
-        control_per_group=control_per_group,
-        control_collector=costs["collector_units_per_s"], limit_pct=limit_pct)
+        collector=costs["collector_units_per_s"], control_per_group=control_per_group,
+        limit_pct=limit_pct)
 
 
 def cells_text(p: CellsPlan) -> str:
@@ -160,12 +158,12 @@ def cells_text(p: CellsPlan) -> str:
         f"  cells          {p.cells} (each under {p.limit_pct:g}% of a quiet core): "
         f"{p.cell_pct:.1f}% each",
         f"    over all cells: idle {p.idle:,.0f} + episodes {p.episodes:,.0f} + leases "
-        f"{p.leases:,.0f} units/s, and {p.cell_collector:,.0f} units/s a cell (its "
+        f"{p.leases:,.0f} units/s, and {p.collector:,.0f} units/s a cell (its "
         "collector thread)",
         f"  control Redis  {p.control_pct:.1f}% of a quiet core: "
         f"{p.control_per_group:.2f} units a group (reserve, settle, a batch's pop and "
         f"ack shared; measured here) x {p.groups_per_s:,.0f} groups/s + the collector "
-        f"{p.control_collector:,.0f} units/s",
+        f"{p.collector:,.0f} units/s",
         "  a prediction from a farm of one Redis's figures: not measured on cells yet",
     ])
 
@@ -178,14 +176,14 @@ def cells_json(p: CellsPlan) -> dict[str, Any]:
             "cells": p.cells, "cell_core_pct": round(p.cell_pct, 2),
             "cells_units_per_s": {"idle": round(p.idle), "episodes": round(p.episodes),
                                   "leases": round(p.leases),
-                                  "collector_each": round(p.cell_collector, 1)},
+                                  "collector_each": round(p.collector, 1)},
             "control_units_per_group": round(p.control_per_group, 3),
             "control_core_pct": round(p.control_pct, 2), "limit_pct": p.limit_pct}
 
 
 def run_cells(*, gpus: int | None, slots: int | None, episode_s: float | None,
               group_size: int | None, batch_size: int | None, redis_load: Path | None,
-              workdir: Path, as_json: bool) -> str:
+              as_json: bool) -> str:
     """``plan --cells``: the arithmetic for the flags, as text or one JSON line."""
     import json
     import tempfile
@@ -198,7 +196,7 @@ def run_cells(*, gpus: int | None, slots: int | None, episode_s: float | None,
         raise BadInput(f"--episode-s must be > 0, got {episode_s:g}")
     g, b = group_size or 8, batch_size or 16
     costs = load_redis_costs(redis_load)
-    with tempfile.TemporaryDirectory(dir=workdir) as scratch:
+    with tempfile.TemporaryDirectory(prefix="plan-cells-") as scratch:
         per_group = measure_control_per_group(Path(scratch), group_size=g, batch_size=b)
     p = plan_cells(costs, per_group, gpus=gpus, slots=slots, episode_s=episode_s,
                    group_size=g, batch_size=b)

@@ -6,6 +6,8 @@
 -- Records are JSON objects in farm-wide hashes:
 --   groups[gid]    {id, G, mode, state, done, failed, version, admitted_at, aids, ...}
 --                  aids: every attempt id the group ever had, comma-separated
+--                  cell: on the control Redis of a farm of cells, the cell that runs
+--                  it (its attempts are there: aids is empty here)
 --   attempts[aid]  {g, m, n, stops, state, worker, replica, boot, lease, seq, ...}
 --                  h: its lease holder (the worker process), whose lease its own
 --                  follows while it reports nothing new
@@ -191,6 +193,15 @@ end
 local function history_add(key, gid, event)
   local story = redis.call('HGET', key, gid)
   if story then redis.call('HSET', key, gid, story .. '\n' .. cjson.encode(event)) end
+end
+
+-- A group of an acknowledged batch: consumed, its story told so, its detail deleted.
+local function consume_group(k, now, gid, g, batch_id, consumer)
+  g.state = 'consumed'
+  g.consumed_at = now
+  put_json(k.groups, gid, g)
+  history_add(k.history, gid, {e = 'acked', t = now, b = batch_id, c = consumer})
+  purge_group(k, g)
 end
 
 -- A running attempt a becomes doubtful for *cause*: it keeps its slot, no retry starts

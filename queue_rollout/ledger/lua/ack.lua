@@ -29,17 +29,14 @@ end
 if not raw then return ignored(counters, 'no batch held') end
 if batch.id ~= ARGV[3] then return ignored(counters, 'not the held batch') end
 
-local k = {prompts = KEYS[4], attempts = KEYS[5], results = KEYS[6]}
+local k = {groups = KEYS[2], prompts = KEYS[4], attempts = KEYS[5], results = KEYS[6],
+           history = KEYS[10]}
 local version = tonumber(redis.call('HGET', KEYS[7], 'version') or '0')
 for _, gid in ipairs(batch.groups) do
   local g = get_json(KEYS[2], gid)
   -- a released group keeps the staleness of its first delivery
   observe(KEYS[8], 'staleness', (g.dv or version) - g.version)
-  g.state = 'consumed'
-  g.consumed_at = now
-  put_json(KEYS[2], gid, g)
-  history_add(KEYS[10], gid, {e = 'acked', t = now, b = batch.id, c = consumer})
-  purge_group(k, g)
+  consume_group(k, now, gid, g, batch.id, consumer)
 end
 redis.call('HDEL', KEYS[3], consumer)
 bump(counters, 'consumed', #batch.groups)

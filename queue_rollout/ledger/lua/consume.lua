@@ -18,18 +18,15 @@
 -- Returns {'consumed', number of groups consumed by this call}
 
 local now = tonumber(ARGV[1])
-local k = {prompts = KEYS[4], attempts = KEYS[5], results = KEYS[6]}
+local k = {groups = KEYS[2], prompts = KEYS[4], attempts = KEYS[5], results = KEYS[6],
+           history = KEYS[7]}
 local n = 0
 for i = 4, #ARGV do
   local gid = ARGV[i]
   local g = get_json(KEYS[2], gid)
   if g and g.state == 'accepted' then
     redis.call('LREM', KEYS[3], 1, gid)
-    g.state = 'consumed'
-    g.consumed_at = now
-    put_json(KEYS[2], gid, g)
-    history_add(KEYS[7], gid, {e = 'acked', t = now, b = ARGV[2], c = ARGV[3]})
-    purge_group(k, g)
+    consume_group(k, now, gid, g, ARGV[2], ARGV[3])
     n = n + 1
   end
 end

@@ -17,7 +17,7 @@
 -- ARGV[5] = batch size B
 -- ARGV[6] = max_staleness
 -- ARGV[7] = mode: "group" or "sample"
--- Returns {'reserved', version} | {'already', version, cell}
+-- Returns {'reserved', version, cell} | {'already', version, cell} (the first call's)
 --       | {'blocked', 'paused'|'staleness'}
 
 local counters, state, groups = KEYS[1], KEYS[2], KEYS[3]
@@ -37,5 +37,4 @@ end
 put_json(groups, gid, {id = gid, G = G, mode = ARGV[7], cell = cell, state = 'in_flight',
   done = 0, failed = 0, version = version, admitted_at = now, aids = ''})
 bump(counters, 'in_flight', 1)
-bump(counters, 'reserved_groups', 1)
-return {'reserved', tostring(version)}
+return {'reserved', tostring(version), cell}
