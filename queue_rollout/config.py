@@ -329,8 +329,9 @@ class CellConfig(_Section):
     #: Redis's record of each group names the cell that runs it.
     name: FarmName
     #: The cell's Redis, as farm.redis_url takes one (TLS and Sentinel with the farm's
-    #: redis_ca_file and sentinel_password).
-    redis_url: str
+    #: redis_ca_file and sentinel_password). Empty: the one `up` starts for the cell,
+    #: found through `<state_dir>/cells/<name>`.
+    redis_url: str = ""
     #: The cell's share, against the other cells' weights, of the new prompts (each goes
     #: to the cell its id hashes to) and of a capacity given as a number.
     weight: PosFloat = 1.0
@@ -356,7 +357,9 @@ class Config(_Section):
     def for_cell(self, name: str) -> Config:
         """The farm as cell *name*'s workers and collector see it: a farm of one on the
         cell's Redis, with the cell's share (by weight, rounded down) of a capacity
-        given as a number. ConfigError when there is no such cell."""
+        given as a number; a cell whose Redis `up` starts keeps it under
+        ``<state_dir>/cells/<name>``, the cell's own state_dir. ConfigError when there is
+        no such cell."""
         cell = next((c for c in self.cells if c.name == name), None)
         if cell is None:
             known = ", ".join(c.name for c in self.cells) or "none"
@@ -365,8 +368,11 @@ class Config(_Section):
         r = self.rollout
         samples = (r.max_concurrent_samples if not isinstance(r.max_concurrent_samples, int)
                    else int(r.max_concurrent_samples * share))
+        state_dir = (self.farm.state_dir if cell.redis_url
+                     else str(Path(self.farm.state_dir) / "cells" / name))
         return msgspec.structs.replace(
-            self, farm=msgspec.structs.replace(self.farm, redis_url=cell.redis_url),
+            self, farm=msgspec.structs.replace(self.farm, redis_url=cell.redis_url,
+                                               state_dir=state_dir),
             rollout=msgspec.structs.replace(
                 r, max_concurrent_samples=samples,
                 max_concurrent_rollouts=int(r.max_concurrent_rollouts * share)),
@@ -506,12 +512,6 @@ def _check_cells(config: Config, source: str) -> None:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"{source}: cells: a cell named twice: {', '.join(twice)}")
-    for c in config.cells:
-        if not c.redis_url:
-            raise ConfigError(f"{source}: cells: cell {c.name} has no redis_url")
-    if not config.farm.redis_url:
-        raise ConfigError(f"{source}: cells: a farm of cells names its control Redis in "
-                          "farm.redis_url (up does not start the Redis servers of cells)")
     r = config.rollout
     for c in config.cells:
         share = config.for_cell(c.name).rollout

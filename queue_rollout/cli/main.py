@@ -525,8 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The commands that take a farm of cells ([[cells]]): the others refuse its config.
-RUN_ON_CELLS = frozenset({"collector", "node", "worker", "consume", "sim-engine", "doctor",
-                          "submit", "set-version", "release", "status", "trace"})
+RUN_ON_CELLS = frozenset({"up", "collector", "node", "worker", "consume", "sim-engine",
+                          "doctor", "pause", "resume", "submit", "set-version", "release",
+                          "status", "trace"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,14 +81,44 @@ def _replicas(config: Config) -> int:
     return e.replicas if e.kind == "sim" else len(e.urls)
 
 
+def _embedded_redis(config: Config) -> int:
+    """The Redis servers `up` starts: the farm's (or on a farm of cells, the control
+    one) without ``farm.redis_url``, and each cell's without its ``redis_url``."""
+    return (0 if config.farm.redis_url else 1) + sum(not c.redis_url for c in config.cells)
+
+
+def replica_cells(config: Config, replicas: int) -> list[str | None]:
+    """The cell each replica's worker joins, in the replicas' order: none on a farm of
+    one Redis; on a farm of cells, the replicas dealt in blocks by the cells' weights
+    (the largest remainders take what rounding leaves), every cell at least one.
+    ConfigError when there are fewer replicas than cells."""
+    cells = config.cells
+    if not cells:
+        return [None] * replicas
+    if replicas < len(cells):
+        raise ConfigError(f"cells: {len(cells)} cells need a worker each, and `up` has "
+                          f"{replicas} replica{'' if replicas == 1 else 's'} (more "
+                          "engine.replicas, or fewer [[cells]])")
+    total = sum(c.weight for c in cells)
+    exact = [replicas * c.weight / total for c in cells]
+    counts = [max(1, int(x)) for x in exact]
+    while sum(counts) > replicas:  # the floors of one made too many: take from the fullest
+        i = max((i for i in range(len(cells)) if counts[i] > 1),
+                key=lambda i: counts[i] - exact[i])
+        counts[i] -= 1
+    while sum(counts) < replicas:
+        counts[max(range(len(cells)), key=lambda i: exact[i] - counts[i])] += 1
+    return [c.name for c, n in zip(cells, counts, strict=True) for _ in range(n)]
+
+
 def footprint(config: Config) -> tuple[int, float]:
     """The processes `up` starts for *config* and about how many GB they hold resident:
-    the embedded Redis (without ``farm.redis_url``), the simulated replicas (``sim``),
-    per replica a worker and its episode processes, and the collector."""
+    the embedded Redis servers (:func:`_embedded_redis`), the simulated replicas
+    (``sim``), per replica a worker and its episode processes, and the collector."""
     e, replicas = config.engine, _replicas(config)
     python = 1 + replicas * (1 + e.episode_processes)
     sim = replicas if e.kind == "sim" else 0
-    redis = 0 if config.farm.redis_url else 1
+    redis = _embedded_redis(config)
     return (python + sim + redis,
             (python * PYTHON_MB + sim * SIM_REPLICA_MB + redis * REDIS_MB) / 1000)
 
@@ -148,7 +178,10 @@ class LocalFarm:
     *engine_urls* given (replicas someone else runs, e.g. shared by benchmark runs).
     With *log_dir*, every child's log goes to a file there (``worker-<i>.log``,
     ``replica-<i>.log``, ``collector.log``) instead of this process's stderr; with
-    *request_log_dir*, each simulated replica appends its requests there."""
+    *request_log_dir*, each simulated replica appends its requests there. On a farm of
+    cells, each cell without a ``redis_url`` gets a Redis of its own under
+    ``<state_dir>/cells/<name>`` and the replicas' workers are dealt over the cells
+    (:func:`replica_cells`)."""
 
     config: Config
     config_path: Path
@@ -156,6 +189,7 @@ class LocalFarm:
     log_dir: Path | None = None
     request_log_dir: Path | None = None
     redis: EmbeddedRedis | None = None
+    cell_redis: list[EmbeddedRedis] = field(default_factory=list)  # the cells' it started
     engines: list[Supervised] = field(default_factory=list)
     workers: list[Supervised] = field(default_factory=list)
     collector: Supervised | None = None
@@ -176,21 +210,40 @@ class LocalFarm:
             # the children find this Redis through the config we hand them
             self.config = msgspec.structs.replace(
                 c, farm=msgspec.structs.replace(c.farm, redis_url=url))
+        homes = replica_cells(self.config, len(self.engine_urls) if self.engine_urls
+                              is not None else _replicas(self.config))
+        self.config = msgspec.structs.replace(self.config, cells=[
+            cell if cell.redis_url else msgspec.structs.replace(
+                cell, redis_url=self._start_cell_redis(c.for_cell(cell.name)))
+            for cell in self.config.cells])
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         write_config(self.config_path, self.config)
         urls = self.replica_urls = self._replica_urls()
-        for gpu, engine_url in enumerate(urls):
+        for gpu, (engine_url, cell) in enumerate(zip(urls, homes, strict=True)):
             self.workers.append(Supervised(
                 f"worker gpu{gpu}", [cli_exe(), "worker", "--gpu", str(gpu), "--engine-url",
-                                     engine_url, "-c", str(self.config_path)],
+                                     engine_url, "-c", str(self.config_path),
+                                     *(["--cell", cell] if cell else [])],
                 log_path=self._log(f"worker-{gpu}"), new_session=True))
         self.collector = Supervised("collector",
                                     [cli_exe(), "collector", "-c", str(self.config_path)],
                                     log_path=self._log("collector"), new_session=True)
         self._record()
         return url
+
+    def _start_cell_redis(self, seen: Config) -> str:
+        """A Redis for the cell *seen* (its view, :meth:`Config.for_cell`) under its own
+        state_dir, where the other commands find its URL; the same port on a restart."""
+        server = EmbeddedRedis(seen.farm.state_dir, keep_port=self.lineage is not None)
+        self.cell_redis.append(server)
+        return server.start()
+
+    def ledgers(self) -> list[Config]:
+        """The farm as each ledger's server sees it: every cell's view on a farm of
+        cells, else the farm's one."""
+        return [self.config.for_cell(c.name) for c in self.config.cells] or [self.config]
 
     def _log(self, name: str) -> Path | None:
         return None if self.log_dir is None else self.log_dir / f"{name}.log"
@@ -223,7 +276,7 @@ class LocalFarm:
         """Write the children (and the embedded Redis) down, for the next run's start."""
         if self.lineage is not None:
             self.lineage.record([*(m.proc for m in self.children()),
-                                 self.redis.proc if self.redis else None])
+                                 *(r.proc for r in (self.redis, *self.cell_redis) if r)])
 
     def not_ready(self, live: dict[str, dict[str, Any]], leader: str) -> list[str]:
         """What keeps the farm from working now, given the live workers' records and the
@@ -261,14 +314,16 @@ class LocalFarm:
         A child that exits on bad input raises :class:`~queue_rollout.procs.ChildRefused`."""
         client = connect_config(self.config)
         keys = Keys(self.config.farm.name)
-        registry = Registry(client, keys, self.config.timeouts.lease)
+        registries = [Registry(client if not self.config.cells else connect_config(seen),
+                               keys, self.config.timeouts.lease) for seen in self.ledgers()]
         started = self.clock()
         say_at = started + say_every
         try:
             while not stop.is_set():
                 holder = client.hget(keys.leader, "holder")
-                self.unready = self.not_ready(registry.live(),
-                                              holder.decode() if holder else "")
+                live = {f"{i}/{worker}": record for i, registry in enumerate(registries)
+                        for worker, record in registry.live().items()}
+                self.unready = self.not_ready(live, holder.decode() if holder else "")
                 if not self.unready:
                     return True
                 now = self.clock()
@@ -280,24 +335,27 @@ class LocalFarm:
                 self.keep()
                 stop.wait(poll_s)
         finally:
-            client.close()
+            for c in {id(c): c for c in (client, *(r.client for r in registries))}.values():
+                c.close()
         if not stop.is_set() and say is None:  # (with *say*, the caller says it)
             log.warning("the farm was not ready within %.0fs: %s", timeout,
                         "; ".join(self.unready))
         return False
 
     def running_episodes(self) -> int | None:
-        """The farm's running episodes (the ledger's count); None when Redis does not
-        answer."""
+        """The farm's running episodes (the ledgers' counts, every cell's on a farm of
+        cells); None when a Redis does not answer."""
+        running = 0
         try:
-            client = connect_config(self.config)
-            try:
-                raw = client.hget(Keys(self.config.farm.name).counters, "running")
-            finally:
-                client.close()
+            for seen in self.ledgers():
+                client = connect_config(seen)
+                try:
+                    running += int(client.hget(Keys(seen.farm.name).counters, "running") or 0)
+                finally:
+                    client.close()
         except (QueueRolloutError, redis.RedisError):
             return None
-        return int(raw or 0)
+        return running
 
     def stop(self, now: threading.Event | None = None) -> None:
         """The workers (their running episodes get ``timeouts.shutdown_grace``) and the
@@ -306,8 +364,8 @@ class LocalFarm:
         stop_all([m.proc for m in (*self.workers, self.collector) if m and m.proc],
                  self.config.timeouts.shutdown_grace + 30, now=now)
         stop_all((m.proc for m in self.engines if m.proc), 10, now=now)
-        if self.redis is not None:
-            self.redis.stop()
+        for server in (*self.cell_redis, *([self.redis] if self.redis else [])):
+            server.stop()
 
 
 def _running(child: Supervised) -> bool:
@@ -349,7 +407,10 @@ def run_up(config: Config, *, stop: threading.Event | None = None,
             url = farm.start()
             write_up_targets(farm.config, farm.replica_urls)  # Prometheus's file_sd
             if farm.wait_ready(stop, ready_timeout, say=say):
-                print(f"farm {name} up: redis {mask_url(url)}, {len(farm.workers)} workers, "
+                cells = "".join(f", cell {c.name} {mask_url(c.redis_url)}"
+                                for c in farm.config.cells)
+                print(f"farm {name} up: redis {mask_url(url)}{cells}, {len(farm.workers)} "
+                      "workers, "
                       f"metrics http://{config.metrics.host}:{config.metrics.port}/metrics; "
                       f"logs in {logs}; Ctrl-C stops it", flush=True)
                 while not stop.wait(0.5):

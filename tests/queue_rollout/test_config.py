@@ -401,11 +401,17 @@ def test_a_farm_of_cells_and_what_each_cell_sees():
         config.for_cell("c")
 
 
+def test_cells_without_a_url_are_the_ones_up_starts_each_under_its_own_state_dir():
+    config = decode_config('[farm]\nstate_dir = "/s"\n[[cells]]\nname = "a"\n'
+                           '[[cells]]\nname = "b"\nredis_url = "redis://b:6379/0"\n')
+    a, b = config.for_cell("a"), config.for_cell("b")
+    assert (a.farm.redis_url, a.farm.state_dir) == ("", "/s/cells/a")
+    assert (b.farm.redis_url, b.farm.state_dir) == ("redis://b:6379/0", "/s")
+    assert config.farm.redis_url == "" and decode_config(to_toml(config)) == config
+
+
 @pytest.mark.parametrize(("toml", "said"), [
     (CELLS.replace('"b"', '"a"'), "cells: a cell named twice: a"),
-    (CELLS.replace('redis_url = "redis://a:6379/0"', 'redis_url = ""'),
-     "cells: cell a has no redis_url"),
-    (CELLS.replace('redis_url = "redis://control:6379/0"', ""), "cells: a farm of cells names"),
     (CELLS + "[rollout]\ngroup_size = 8\nmax_concurrent_samples = 16\n",
      "rollout.max_concurrent_samples: cell a's share (weight 1) is 4 slots"),
     (CELLS.replace('name = "a"\n', ""), "cells.0: Object missing required field `name`"),

@@ -83,7 +83,7 @@ def test_a_farm_of_cells_runs_through_the_command_line(tmp_path: Path, capsys) -
             metrics={"port": free_port()},
             cells=cells)
         # the commands that do not take a farm of cells yet say so, and node needs its cell
-        assert main(["up", "-c", str(toml)]) == 2
+        assert main(["plan", "-c", str(toml)]) == 2
         assert "does not run on a farm of cells" in capsys.readouterr().err
         assert main(["node", "--gpus", "0", "-c", str(toml)]) == 2
         assert "name the one its workers join with --cell" in capsys.readouterr().err

@@ -19,8 +19,9 @@ import msgspec
 import pytest
 
 from queue_rollout.config import Config
+from queue_rollout.errors import ConfigError
 from queue_rollout.lab.virtual.clock import ManualClock
-from queue_rollout.launch.up import LocalFarm, footprint, shape_line
+from queue_rollout.launch.up import LocalFarm, footprint, replica_cells, shape_line
 from queue_rollout.ledger.embedded import free_port
 from queue_rollout.ledger.keys import Keys
 from queue_rollout.ledger.registry import Registry
@@ -77,6 +78,54 @@ def test_up_runs_a_farm_the_other_commands_find(tmp_path):
                                          timeout=5).read().decode()
         assert 'queue_rollout_groups_consumed_total{farm="up"} 4.0' in metrics
     assert not (state / "redis.url").exists()
+
+
+@pytest.mark.e2e
+def test_up_runs_a_farm_of_cells_with_a_redis_each_the_other_commands_find(tmp_path):
+    """`up` with two [[cells]] and no URLs: a control Redis and one per cell, each
+    under its own folder; three replicas dealt by weight (a: 1, b: 2); the CLI finds
+    every server through the state_dir, and stopping `up` stops them all."""
+    state = tmp_path / "state"
+    toml = write_up_farm(tmp_path / "farm.toml", "up-cells", state, slots=2,
+                         metrics_port=free_port(), rollout=G2_B2, engine={"replicas": 3},
+                         cells=[{"name": "a"}, {"name": "b", "weight": 2.0}])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "x",
+                                           "member_lengths": [40, 80]}) + "\n"
+                               for i in range(8)))
+    urls = [state / "redis.url", state / "cells" / "a" / "redis.url",
+            state / "cells" / "b" / "redis.url"]
+    with farm_up(toml) as line:
+        assert "3 workers" in line and ", cell a redis://127.0.0.1:" in line, line
+        assert len({u.read_text() for u in urls}) == 3
+        assert cli("submit", str(prompts), "-c", str(toml)).returncode == 0
+        consumed = cli("consume", "--batches", "4", "--json", "-c", str(toml))
+        assert consumed.returncode == 0, consumed.stderr
+        groups = [g for b in map(json.loads, consumed.stdout.splitlines()) for g in b["groups"]]
+        assert sorted(g["id"] for g in groups) == [f"q{i}" for i in range(8)]
+        assert all([m["output_tokens"] for m in g["members"]] == [40, 80] for g in groups)
+        status = json.loads(cli("status", "--json", "-c", str(toml)).stdout)
+        assert {n: c["workers"]["alive"] for n, c in status["cells"].items()} == {"a": 1, "b": 2}
+        assert status["groups"]["consumed"] == 8
+        assert cli("pause", "-c", str(toml)).returncode == 0
+        assert cli("resume", "-c", str(toml)).returncode == 0
+        doctor = cli("doctor", "-c", str(toml))
+        assert doctor.returncode == 0 and "doctor: cell b: ok" in doctor.stdout, doctor.stdout
+    assert not any(u.exists() for u in urls)
+
+
+def test_up_deals_its_replicas_over_the_cells_by_weight():
+    def dealt(replicas: int, *weights: float) -> list[str | None]:
+        return replica_cells(msgspec.convert({"cells": [
+            {"name": f"c{i}", "weight": w} for i, w in enumerate(weights)]}, Config), replicas)
+
+    assert dealt(3, 1.0, 2.0) == ["c0", "c1", "c1"]
+    assert dealt(4, 1.0, 1.0, 1.0) == ["c0", "c0", "c1", "c2"]
+    assert dealt(3, 1.0, 100.0, 1.0) == ["c0", "c1", "c2"]  # every cell has a worker
+    assert dealt(10, 1.0, 4.0) == ["c0"] * 2 + ["c1"] * 8
+    assert replica_cells(Config(), 2) == [None, None]
+    with pytest.raises(ConfigError, match="3 cells need a worker each, and `up` has 2"):
+        dealt(2, 1.0, 1.0, 1.0)
 
 
 def test_up_says_how_many_processes_it_starts_and_how_to_start_fewer():
