@@ -219,7 +219,9 @@ class RolloutClient:
                         delivery.batch.id, len(gids) - len(fresh))
         self._received[delivery.batch.id] = gids
         return Batch(delivery.batch.id, delivery.batch.version,
-                     [self._group(gid) for gid in fresh], delivery.redelivered)
+                     [self._group(gid, home) for gid, home in zip(fresh, self._homes(fresh),
+                                                                   strict=True)],
+                     delivery.redelivered)
 
     def get_groups(self, group_ids: Sequence[str], timeout: float | None = None,
                    max_poll_s: float = MAX_POLL_S) -> Batch:
@@ -276,12 +278,15 @@ class RolloutClient:
             log.warning("get_batch: %s; retrying", exc)
             return None
 
-    def _group(self, group_id: str) -> Group:
-        home = self.ledger
-        if self.cells:  # the farm's record names the cell that ran the group
-            farm_record = self.ledger.group(group_id)
-            if farm_record is not None and farm_record.cell in self.cells:
-                home = self.cells[farm_record.cell]
+    def _homes(self, group_ids: list[str]) -> list[Ledger]:
+        """The ledger that holds each group's results: on a farm of cells the cell its
+        farm record names (the records read in one call), else the farm's."""
+        if not self.cells:
+            return [self.ledger] * len(group_ids)
+        return [self.cells.get(r.cell, self.ledger) if r is not None and r.cell else self.ledger
+                for r in self.ledger.groups(group_ids)]
+
+    def _group(self, group_id: str, home: Ledger) -> Group:
         record, prompt, raws = home.group_with_results(group_id)
         if record is None:  # a delivered group is kept until its batch is acknowledged
             raise InvariantViolation(f"group {group_id} was delivered but has no record")
