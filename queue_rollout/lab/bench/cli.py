@@ -121,19 +121,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "are pinned to (default 0,1)")
     p.add_argument("--requests", type=positive, default=128,
                    help="sim-replica: concurrent requests (default 128)")
-    p.add_argument("--gpus", type=positive, default=8,
-                   help="redis-load: simulated GPUs (default 8)")
+    p.add_argument("--gpus", type=positive, default=None,
+                   help="redis-load: simulated GPUs (default 8; with --cells 6)")
     p.add_argument("--slots-per-gpu", type=positive, default=16,
                    help="redis-load: episode slots per GPU, threads of one process (16)")
-    p.add_argument("--idle-s", type=float, default=30.0,
-                   help="redis-load: seconds measured with nothing to do (default 30)")
-    p.add_argument("--run-s", type=float, default=30.0,
-                   help="redis-load: seconds measured with every slot running (default 30)")
-    p.add_argument("--burst-groups", type=positive, default=160,
-                   help="redis-load: groups of 8 tiny episodes in each burst (default 160)")
+    p.add_argument("--idle-s", type=float, default=None,
+                   help="redis-load: seconds measured with nothing to do (default 30; "
+                        "with --cells 20)")
+    p.add_argument("--run-s", type=float, default=None,
+                   help="redis-load: seconds measured with every slot running (default 30; "
+                        "with --cells 20)")
+    p.add_argument("--burst-groups", type=positive, default=None,
+                   help="redis-load: groups of 8 tiny episodes in each burst (default 160; "
+                        "with --cells 48)")
+    p.add_argument("--cells", type=_cell_counts, default=None, metavar="K,K,...",
+                   help="redis-load: farms of K cells instead (1: one Redis, which "
+                        "calibrates; K > 1: a control Redis and K cells), each server "
+                        "measured and set beside its prediction (e.g. 1,2,3)")
     p.add_argument("--burst-rounds", type=positive, default=3,
                    help="redis-load: bursts; the median one is the figure per episode "
                         "(default 3)")
+
+
+def _bench_redis_cells(args: argparse.Namespace, work: Path) -> int:
+    from queue_rollout.lab.bench.redis_cells import cells_text, run_cells_bench
+
+    result = run_cells_bench(
+        args.cells, gpus=args.gpus or 6, slots=args.slots_per_gpu,
+        idle_s=_or(args.idle_s, 20.0), run_s=_or(args.run_s, 20.0),
+        burst_groups=args.burst_groups or 48, burst_rounds=args.burst_rounds, workdir=work,
+        progress=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(result) if args.json else cells_text(result))
+    return 0
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _cell_counts(text: str) -> list[int]:
+    try:
+        counts = [int(k) for k in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or 1 not in counts:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cell counts, comma-separated, 1 among them (it calibrates), e.g. 1,2,3")
+    return counts
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
@@ -177,11 +211,14 @@ def run(config: Config, args: argparse.Namespace) -> int:
         shutil.rmtree(work, ignore_errors=True)  # a fresh Redis: its counters start at 0
         if not args.verbose:
             log_to_file(work / "bench.log")
-        load = run_redis_load_bench(gpus=args.gpus, slots=args.slots_per_gpu,
+        if args.cells is not None:
+            return _bench_redis_cells(args, work)
+        load = run_redis_load_bench(gpus=args.gpus or 8, slots=args.slots_per_gpu,
                                     wait_replicas=args.wait_replicas,
                                     placement=args.placement, replicas=args.replicas,
-                                    idle_s=args.idle_s, run_s=args.run_s,
-                                    burst_groups=args.burst_groups,
+                                    idle_s=_or(args.idle_s, 30.0),
+                                    run_s=_or(args.run_s, 30.0),
+                                    burst_groups=args.burst_groups or 160,
                                     burst_rounds=args.burst_rounds, workdir=work,
                                     logs=not args.verbose,
                                     progress=lambda line: print(line, file=sys.stderr))

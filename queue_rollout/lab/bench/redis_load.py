@@ -163,7 +163,7 @@ class RedisLoadResult:
 
     def _above_idle(self, w: Window) -> tuple[float, float]:
         """(calls, cpu seconds) of *w* above the idle farm's rates."""
-        return _above(w, self.idle)
+        return above(w, self.idle)
 
     @property
     def rounds_cpu_ms_per_episode(self) -> list[float]:
@@ -196,7 +196,7 @@ class RedisLoadResult:
         count = self.renewal_count if count is None else count
         if w is None or not count:
             return None
-        return 1000.0 * _above(w, self.running)[1] / count
+        return 1000.0 * above(w, self.running)[1] / count
 
     @property
     def renewal_ms(self) -> float | None:
@@ -380,7 +380,7 @@ class RedisLoadResult:
         }
 
 
-def _above(w: Window, ref: Window) -> tuple[float, float]:
+def above(w: Window, ref: Window) -> tuple[float, float]:
     """(calls, cpu seconds) of *w* above *ref*'s rates."""
     return (sum(w.calls.values()) - ref.calls_per_s * w.seconds,
             w.cpu_s - ref.cpu_s / ref.seconds * w.seconds)
@@ -392,7 +392,7 @@ def _median_max(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
-def _config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int,
+def redis_load_config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int,
             placement: str = "any") -> Config:
     return msgspec.convert({
         "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state),
@@ -428,10 +428,10 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
         a = read(meter)
         time.sleep(idle_s)
         baseline = Window.between(a, read(meter))
-        config = _config(server.url, workdir / "farm", gpus, slots, wait_replicas, placement)
+        config = redis_load_config(server.url, workdir / "farm", gpus, slots, wait_replicas,
+                                   placement)
         progress(f"redis-load: a collector alone (a farm of no GPUs) for {idle_s:g}s")
-        alone, alone_clients = _collector_alone(config, meter, workdir, idle_s,
-                                                log=logs)
+        alone, alone_clients = collector_alone(config, meter, workdir, idle_s, log=logs)
         farm = LocalFarm(config, workdir / "farm" / "farm.toml",
                          log_dir=workdir / "logs" if logs else None)
         farm.start()
@@ -481,7 +481,7 @@ def run_redis_load_bench(*, gpus: int = 8, slots: int = 16, idle_s: float = 20.0
                            extension_count=priced.extension_count)
 
 
-def _collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
+def collector_alone(config: Config, meter: redis.Redis, workdir: Path, idle_s: float, *,
                      log: bool) -> tuple[Window, int]:
     """Redis's cost of a collector whose farm (a name of its own) has no GPUs, and its
     connections; the collector is stopped after."""

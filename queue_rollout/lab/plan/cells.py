@@ -13,19 +13,24 @@ of ``episode_s`` seconds) then costs, in units of one trivial script call:
   (``collector_units_per_s`` a cell). As many cells as keep each under ``limit_pct``
   of a quiet core;
 - **the control Redis**: per group one reservation, one settlement, and its share of
-  a batch's pop and acknowledgement, measured here on a private Redis in the same
-  units (its trivial calls measured on it in the same run), x groups/s; plus the
-  collector's (``collector_units_per_s``, once: its leader lease and ticks).
+  what a batch costs there (its pop, the trainer's read of its groups' records, its
+  acknowledgement and the check of what the cells are to consume), measured here on a
+  private Redis in the same units (its trivial calls measured on it in the same run),
+  x groups/s; plus the collector's (``collector_units_per_s``, once: its leader lease
+  and ticks).
 
 The workers read the pause flag and the version in their cell, so the idle GPUs' load
-is the cells'. A prediction: the per-server figures are not measured on a farm of
-cells yet.
+is the cells'. What is left out: each cell thread's leader lease renewed once a step
+and the trainer's polls for a batch, once a step or a poll rather than once a group
+(``bench --profile redis-load --cells 1,2,3`` measures every server of small farms of
+cells beside this arithmetic).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,7 @@ from typing import Any
 from queue_rollout.config import RolloutConfig
 from queue_rollout.errors import BadInput, InvariantViolation
 from queue_rollout.lab.redis_info import read, trivial_calls
+from queue_rollout.ledger import cells
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.embedded import EmbeddedRedis
@@ -95,11 +101,15 @@ class CellsPlan:
 
 
 def measure_control_per_group(workdir: Path, *, groups: int = 2000, group_size: int = 8,
-                              batch_size: int = 16, rounds: int = 3) -> float:
+                              batch_size: int = 16, rounds: int = 3,
+                              gap_s: float = 0.0) -> float:
     """Redis's cost on the control Redis of one group, in units of one trivial call
     measured on the same server: a reservation, a settlement (accepted), and its share
-    of a batch's pop and acknowledgement, one call at a time on one connection; the
-    median of *rounds*."""
+    of a batch's calls (its pop, the trainer's read of its groups' records, the
+    acknowledgement with its check of what the cells consume: :func:`cells.ack` with no
+    cell), one call at a time on one connection; the median of *rounds*. With *gap_s*,
+    a pause that long after each reservation and settlement: the same calls arriving
+    at a lower rate (the server's idle rate subtracted)."""
     rollout = RolloutConfig(group_size=group_size, batch_size=batch_size,
                             max_staleness=groups * rounds, max_concurrent_samples="auto")
     per_group = []
@@ -113,16 +123,25 @@ def measure_control_per_group(workdir: Path, *, groups: int = 2000, group_size: 
                 for i in range(groups):
                     gid = f"r{r}-g{i}"
                     control.reserve(gid, "a")
+                    time.sleep(gap_s)
                     control.settle(gid, accept=True)
+                    time.sleep(gap_s)
                     if (i + 1) % batch_size == 0:
                         delivery = control.pop_batch("trainer")
                         if delivery is None:
                             raise InvariantViolation("plan --cells: B settled groups "
                                                      "made no batch")
-                        control.ack("trainer", delivery.batch.id)
+                        batch = delivery.batch
+                        control.groups(batch.groups)  # the trainer finds each one's cell
+                        cells.ack(control, {}, "trainer", batch.id, batch.groups)
                 b = read(meter)
+                spent = b.cpu_s - a.cpu_s
+                if gap_s:  # the server's own timers over that time, from a second idle
+                    time.sleep(1.0)
+                    c = read(meter)
+                    spent -= (c.cpu_s - b.cpu_s) / (c.at - b.at) * (b.at - a.at)
                 unit_cpu = unit.cpu_s / sum(unit.calls.values())
-                per_group.append((b.cpu_s - a.cpu_s) / groups / unit_cpu)
+                per_group.append(spent / groups / unit_cpu)
         finally:
             client.close()
             meter.close()
@@ -161,10 +180,11 @@ def cells_text(p: CellsPlan) -> str:
         f"{p.leases:,.0f} units/s, and {p.collector:,.0f} units/s a cell (its "
         "collector thread)",
         f"  control Redis  {p.control_pct:.1f}% of a quiet core: "
-        f"{p.control_per_group:.2f} units a group (reserve, settle, a batch's pop and "
-        f"ack shared; measured here) x {p.groups_per_s:,.0f} groups/s + the collector "
+        f"{p.control_per_group:.2f} units a group (reserve, settle; a batch's pop, records "
+        f"read and ack shared; measured here) x {p.groups_per_s:,.0f} groups/s + the collector "
         f"{p.collector:,.0f} units/s",
-        "  a prediction from a farm of one Redis's figures: not measured on cells yet",
+        "  a prediction from a farm of one Redis's figures (bench --profile redis-load "
+        "--cells 1,2,3 sets small farms of cells beside it)",
     ])
 
 
