@@ -335,8 +335,10 @@ class LocalFarm:
                 self.keep()
                 stop.wait(poll_s)
         finally:
-            for c in {id(c): c for c in (client, *(r.client for r in registries))}.values():
-                c.close()
+            for registry in registries:  # the cells' own clients; the control one last
+                if registry.client is not client:
+                    registry.client.close()
+            client.close()
         if not stop.is_set() and say is None:  # (with *say*, the caller says it)
             log.warning("the farm was not ready within %.0fs: %s", timeout,
                         "; ".join(self.unready))
