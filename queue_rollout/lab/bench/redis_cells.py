@@ -24,7 +24,7 @@ one trivial script call measured on that server in the same run:
 K = 1 is the calibration: with a collector alone (a farm of no GPUs) before it, its
 figures are the collector's units/s, the idle units per GPU, the units per episode and
 per running episode. With the control Redis's units per group measured on a private
-Redis (:func:`~queue_rollout.lab.plan.cells.measure_control_per_group`, the figure
+Redis (:func:`~queue_rollout.lab.control_cost.measure_control_per_group`, the figure
 ``plan --cells`` uses), they predict each server of K > 1, as ``plan --cells`` does:
 a cell carries a collector's thread, its GPUs' idle load, its episodes and its leases;
 the control Redis a collector's and its groups. The JSON has both for every server.
@@ -49,7 +49,7 @@ from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import CellConfig, Config
 from queue_rollout.errors import BadInput, InvariantViolation
 from queue_rollout.lab.bench.redis_load import above, collector_alone, redis_load_config
-from queue_rollout.lab.plan.cells import measure_control_per_group
+from queue_rollout.lab.control_cost import measure_control_per_group
 from queue_rollout.lab.redis_info import UNIT_CALLS, Window, profiled, read, trivial_calls
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect

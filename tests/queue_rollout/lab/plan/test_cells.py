@@ -10,7 +10,7 @@ import pytest
 
 from queue_rollout.cli.main import main
 from queue_rollout.errors import BadInput
-from queue_rollout.lab.plan.cells import measure_control_per_group, plan_cells
+from queue_rollout.lab.plan.cells import plan_cells
 
 COSTS = {"idle_units_per_gpu_s": 2.0, "units_per_episode": 10.0,
          "lease_units_per_episode_s": 0.05, "collector_units_per_s": 20.0,
@@ -41,10 +41,7 @@ def test_figures_without_units_are_refused_naming_what_they_lack():
                    1.0, gpus=1, slots=1, episode_s=1.0, group_size=1, batch_size=1)
 
 
-def test_the_control_cost_is_measured_and_the_plan_printed(tmp_path, capsys):
-    per_group = measure_control_per_group(tmp_path / "redis", groups=64, group_size=4,
-                                          batch_size=8, rounds=1)
-    assert math.isfinite(per_group)
+def test_the_plan_is_printed(tmp_path, capsys):
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps(COSTS | {"idle_core_pct_per_gpu": 0.0,
                                          "idle_calls_per_gpu_s": 0.0,
