@@ -330,7 +330,7 @@ class CellConfig(_Section):
     name: FarmName
     #: The cell's Redis, as farm.redis_url takes one (TLS and Sentinel with the farm's
     #: redis_ca_file and sentinel_password). Empty: the one `up` starts for the cell,
-    #: found through `<state_dir>/cells/<name>`.
+    #: found through `<state_dir>/cells/<name>`, the cell's own folder.
     redis_url: str = ""
     #: The cell's share, against the other cells' weights, of the new prompts (each goes
     #: to the cell its id hashes to) and of a capacity given as a number.
@@ -357,9 +357,9 @@ class Config(_Section):
     def for_cell(self, name: str) -> Config:
         """The farm as cell *name*'s workers and collector see it: a farm of one on the
         cell's Redis, with the cell's share (by weight, rounded down) of a capacity
-        given as a number; a cell whose Redis `up` starts keeps it under
-        ``<state_dir>/cells/<name>``, the cell's own state_dir. ConfigError when there is
-        no such cell."""
+        given as a number, and ``<state_dir>/cells/<name>`` for its state_dir (a node's
+        files, and the Redis `up` starts for a cell without a URL). ConfigError when
+        there is no such cell."""
         cell = next((c for c in self.cells if c.name == name), None)
         if cell is None:
             known = ", ".join(c.name for c in self.cells) or "none"
@@ -368,8 +368,7 @@ class Config(_Section):
         r = self.rollout
         samples = (r.max_concurrent_samples if not isinstance(r.max_concurrent_samples, int)
                    else int(r.max_concurrent_samples * share))
-        state_dir = (self.farm.state_dir if cell.redis_url
-                     else str(Path(self.farm.state_dir) / "cells" / name))
+        state_dir = str(Path(self.farm.state_dir) / "cells" / name)
         return msgspec.structs.replace(
             self, farm=msgspec.structs.replace(self.farm, redis_url=cell.redis_url,
                                                state_dir=state_dir),

@@ -24,6 +24,7 @@ from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
 from queue_rollout.engines.base import Generation
 from queue_rollout.engines.sglang import SGLangClient
+from queue_rollout.errors import RedisUnavailable
 from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.doctor import examine
 from queue_rollout.ledger.embedded import EmbeddedRedis, find_redis_server, free_port
@@ -42,14 +43,25 @@ def examples(ci: int) -> int:
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition",
              tick: Callable[[], object] | None = None, every: float = 0.1) -> T:
     """Poll *predicate* until it returns something true and return that; fail the test
-    (AssertionError naming *what*) after *timeout* seconds. *tick* runs between polls."""
+    (AssertionError naming *what*) after *timeout* seconds. *tick* runs between polls.
+    A poll that finds Redis unavailable (a server stalled on a busy disk, or being
+    restarted) is no answer yet; if the last poll before the deadline found it so, that
+    error is raised."""
     deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    while True:
+        try:
+            value, away = predicate(), None
+        except RedisUnavailable as exc:
+            value, away = None, exc
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            if away is not None:
+                raise away
+            raise AssertionError(f"timed out waiting for {what}")
         if tick is not None:
             tick()
         time.sleep(every)
-    return value
 
 
 def metric_sum(text: str, name: str) -> float:

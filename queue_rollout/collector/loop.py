@@ -42,7 +42,7 @@ from queue_rollout.errors import BadInput, ClockSkewed, QueueRolloutError
 from queue_rollout.ledger import cells
 from queue_rollout.ledger.clock import check_clock
 from queue_rollout.ledger.connection import client_url, translate_errors
-from queue_rollout.ledger.core import Ledger, Reservation
+from queue_rollout.ledger.core import Ledger
 from queue_rollout.ledger.jobs import flush_outbox
 from queue_rollout.ledger.keys import EVENTS_GROUP
 from queue_rollout.ledger.registry import Registry
@@ -100,7 +100,6 @@ class Collector:
         self.registry = Registry(ledger.client, ledger.keys, config.timeouts.lease,
                                  clock=ledger.clock)
         self._steps = 0
-        self._held: dict[str, Reservation] = {}  # a reserved group waiting for room
         self._place_at = 0.0  # placement: when the reconciler's placement work is due
         self._release_at = 0.0  # timeouts.batch_ack: when the next look is due (ledger clock)
         self._ensure_group()
@@ -181,8 +180,7 @@ class Collector:
         capacity = live_slots if self.config.rollout.max_concurrent_samples == "auto" else None
         while report.admitted < MAX_ADMIT_PER_STEP:
             admission = (self.ledger.admit(capacity) if self.control is None else
-                         cells.admit_next(self.control, self.ledger, self.cell, capacity,
-                                          self._held))
+                         cells.admit_next(self.control, self.ledger, self.cell, capacity))
             if admission.status not in ("admitted", "already"):
                 report.blocked = admission.reason
                 return

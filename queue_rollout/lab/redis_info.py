@@ -84,6 +84,12 @@ TRIVIAL_SCRIPT = "return 1"
 UNIT_CALLS = 10_000
 
 
+def above(w: Window, ref: Window) -> tuple[float, float]:
+    """(calls, cpu seconds) of *w* above *ref*'s rates."""
+    return (sum(w.calls.values()) - ref.calls_per_s * w.seconds,
+            w.cpu_s - ref.cpu_s / ref.seconds * w.seconds)
+
+
 def trivial_calls(client: redis.Redis, calls: int = UNIT_CALLS) -> Window:
     """Send *calls* trivial script calls on *client*'s connection, one at a time, and
     return Redis's counters over them (whatever else ran meanwhile included)."""

@@ -201,6 +201,9 @@ class LocalFarm:
     def start(self) -> str:
         c = self.config
         url = c.farm.redis_url
+        # each replica's cell before any server starts (fewer replicas than cells: refused)
+        homes = replica_cells(c, len(self.engine_urls) if self.engine_urls is not None
+                              else _replicas(c))
         if self.lineage is not None:  # before any port is bound: nothing of the last run
             self.lineage.stop_leftovers()
         if not url:
@@ -210,8 +213,6 @@ class LocalFarm:
             # the children find this Redis through the config we hand them
             self.config = msgspec.structs.replace(
                 c, farm=msgspec.structs.replace(c.farm, redis_url=url))
-        homes = replica_cells(self.config, len(self.engine_urls) if self.engine_urls
-                              is not None else _replicas(self.config))
         self.config = msgspec.structs.replace(self.config, cells=[
             cell if cell.redis_url else msgspec.structs.replace(
                 cell, redis_url=self._start_cell_redis(c.for_cell(cell.name)))
@@ -314,11 +315,14 @@ class LocalFarm:
         A child that exits on bad input raises :class:`~queue_rollout.procs.ChildRefused`."""
         client = connect_config(self.config)
         keys = Keys(self.config.farm.name)
-        registries = [Registry(client if not self.config.cells else connect_config(seen),
-                               keys, self.config.timeouts.lease) for seen in self.ledgers()]
+        registries: list[Registry] = []
         started = self.clock()
         say_at = started + say_every
         try:
+            for seen in self.ledgers():  # the farm's, or every cell's
+                registries.append(Registry(client if not self.config.cells
+                                           else connect_config(seen),
+                                           keys, self.config.timeouts.lease))
             while not stop.is_set():
                 holder = client.hget(keys.leader, "holder")
                 live = {f"{i}/{worker}": record for i, registry in enumerate(registries)

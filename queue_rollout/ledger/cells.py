@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from queue_rollout.config import Config
 from queue_rollout.errors import LedgerError
 from queue_rollout.ledger.connection import connect_config
-from queue_rollout.ledger.core import Admission, Answer, Ledger, Reservation
+from queue_rollout.ledger.core import Admission, Answer, Ledger
 
 
 def connect_farm(config: Config) -> tuple[Ledger, dict[str, Ledger]]:
@@ -45,31 +45,25 @@ def set_version(control: Ledger, cells: Mapping[str, Ledger], version: int) -> i
 
 
 def admit_next(control: Ledger, cell: Ledger, name: str,
-               live_worker_slots: int | None = None,
-               held: dict[str, Reservation] | None = None) -> Admission:
+               live_worker_slots: int | None = None) -> Admission:
     """Admit cell *name*'s next pending group: the farm-wide budget reserved on
     *control* (a group reserved before, whose admission a crash cut short, answers
     that reservation again), then the group admitted in *cell* under the reserved
     version, its slots the cell's to decide (without room there it waits, its budget
-    held, and the next call takes it again). *held*, kept by the caller from call to
-    call, remembers the reservation of a group still waiting for room, so that its
-    next call asks the control Redis nothing (a reservation is answered the same way
-    every time: the pause flag and the budget were the first call's to decide)."""
+    held, and the next call takes it again). The reservation is asked for on every
+    call, not remembered between them: a control Redis restarted without its last
+    writes (``appendfsync everysec``) may have lost it, and a group its cell admitted
+    with no reservation there would never be settled."""
     group_id = cell.next_pending()
     if group_id is None:
         return Admission("empty")
-    reservation = (held or {}).get(group_id) or control.reserve(group_id, name)
+    reservation = control.reserve(group_id, name)
     if reservation.status == "blocked":
         return Admission("blocked", reservation.reason)
     if reservation.cell != name:
         raise LedgerError(f"group {group_id} is pending in cell {name} but reserved for "
                           f"cell {reservation.cell}")
-    admission = cell.admit(live_worker_slots, reserved=(group_id, reservation.version))
-    if held is not None:
-        held.clear()
-        if admission.status == "blocked":  # no room: the same group comes next time
-            held[group_id] = reservation
-    return admission
+    return cell.admit(live_worker_slots, reserved=(group_id, reservation.version))
 
 
 def judge(control: Ledger, cell: Ledger, group_id: str, *, accept: bool, reason: str = "",

@@ -401,12 +401,12 @@ def test_a_farm_of_cells_and_what_each_cell_sees():
         config.for_cell("c")
 
 
-def test_cells_without_a_url_are_the_ones_up_starts_each_under_its_own_state_dir():
+def test_each_cell_has_a_folder_of_its_own_where_up_keeps_a_redis_without_a_url():
     config = decode_config('[farm]\nstate_dir = "/s"\n[[cells]]\nname = "a"\n'
                            '[[cells]]\nname = "b"\nredis_url = "redis://b:6379/0"\n')
     a, b = config.for_cell("a"), config.for_cell("b")
     assert (a.farm.redis_url, a.farm.state_dir) == ("", "/s/cells/a")
-    assert (b.farm.redis_url, b.farm.state_dir) == ("redis://b:6379/0", "/s")
+    assert (b.farm.redis_url, b.farm.state_dir) == ("redis://b:6379/0", "/s/cells/b")
     assert config.farm.redis_url == "" and decode_config(to_toml(config)) == config
 
 

@@ -146,6 +146,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _bench_redis_cells(args: argparse.Namespace, work: Path) -> int:
     from queue_rollout.lab.bench.redis_cells import cells_text, run_cells_bench
 
+    if args.wait_replicas or args.replicas is not None or args.placement != "any":
+        raise ConfigError("--cells measures farms without replicas following their Redis "
+                          "and with placement any: --wait-replicas, --replicas and "
+                          "--placement are not taken with it")
     result = run_cells_bench(
         args.cells, gpus=args.gpus or 6, slots=args.slots_per_gpu,
         idle_s=_or(args.idle_s, 20.0), run_s=_or(args.run_s, 20.0),

@@ -48,9 +48,21 @@ import redis
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import CellConfig, Config
 from queue_rollout.errors import BadInput, InvariantViolation
-from queue_rollout.lab.bench.redis_load import above, collector_alone, redis_load_config
+from queue_rollout.lab.bench.redis_load import (
+    BATCH,
+    collector_alone,
+    long_episode_tokens,
+    redis_load_config,
+)
 from queue_rollout.lab.control_cost import measure_control_per_group
-from queue_rollout.lab.redis_info import UNIT_CALLS, Window, profiled, read, trivial_calls
+from queue_rollout.lab.redis_info import (
+    UNIT_CALLS,
+    Window,
+    above,
+    profiled,
+    read,
+    trivial_calls,
+)
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.embedded import EmbeddedRedis
@@ -109,6 +121,12 @@ class ServerLoad:
                 for w in self.bursts]
 
     @property
+    def _median_burst(self) -> int:
+        """The index of the median burst by units (the first of two middles)."""
+        units = self.burst_units()
+        return sorted(range(len(units)), key=units.__getitem__)[(len(units) - 1) // 2]
+
+    @property
     def units_per_episode(self) -> float | None:
         if not any(self.burst_episodes):
             return None
@@ -116,14 +134,13 @@ class ServerLoad:
                                                        self.burst_episodes, strict=True) if n)
 
     def units_per_group(self, groups: int) -> float:
-        return statistics.median(self.burst_units()) / groups
+        return self.burst_units()[self._median_burst] / groups
 
     def calls_per(self, groups: int | None = None) -> dict[str, float]:
         """The median burst's calls by command (a script by EVALSHA, its commands under
         their own names), per group of *groups*, else per episode this server ran in
         it; most first."""
-        units = self.burst_units()
-        i = sorted(range(len(units)), key=units.__getitem__)[(len(units) - 1) // 2]
+        i = self._median_burst
         count = groups or max(1, self.burst_episodes[i])
         return {k: round(v / count, 3) for k, v in
                 sorted(self.bursts[i].calls.items(), key=lambda kv: -kv[1])[:10]}
@@ -161,7 +178,7 @@ class Calibration:
                    farm.units_per_episode or 0.0, farm.running_units_per_episode_s or 0.0,
                    control_per_group)
 
-    def predict(self, server: ServerLoad, groups: int) -> dict[str, float]:
+    def predict(self, server: ServerLoad) -> dict[str, float]:
         """What *server* of a farm of cells carries, predicted: a cell as a farm of one
         of its GPUs; the control Redis a collector, nothing per GPU, and per group."""
         if server.name == CONTROL:
@@ -216,7 +233,7 @@ def _fill(client: RolloutClient, slots_each: dict[str, int], run_s: float) -> No
     """Long episodes in every slot of every server (more groups than slots: the hash
     deals them unevenly), until each server's slots are all running."""
     g = client.config.rollout.group_size
-    tokens = int((run_s + 60.0) / ((4.5 + 0.2 * 16) / 1000.0))
+    tokens = long_episode_tokens(client.config, run_s + 60.0)
     client.submit([{"id": f"long-{i}", "prompt": "x", "member_lengths": [tokens] * g}
                    for i in range(3 * sum(slots_each.values()) // g)])
     ledgers = client.cells or {FARM: client.ledger}
@@ -309,7 +326,9 @@ def run_cells_bench(counts: Sequence[int], *, gpus: int = 6, slots: int = 16,
     if any(gpus % k for k in counts):
         raise BadInput(f"--gpus {gpus}: not dealt evenly over {', '.join(map(str, counts))} "
                        "cells")
-    burst_groups -= burst_groups % 16  # whole batches
+    if burst_groups < BATCH:
+        raise BadInput(f"--burst-groups {burst_groups}: a burst is whole batches of {BATCH}")
+    burst_groups -= burst_groups % BATCH
     topologies = {k: run_topology(k, gpus=gpus, slots=slots, idle_s=idle_s,
                                   burst_groups=burst_groups, burst_rounds=burst_rounds,
                                   run_s=run_s, workdir=workdir / f"k{k}", progress=progress)
@@ -357,7 +376,7 @@ def cells_json(topologies: dict[int, Topology], calibration: Calibration, *, gpu
             row = {"cells": k, "server": s.name, **_server_json(s, t.burst_groups)}
             if k > 1:
                 row["predicted"] = {key: round(v, 3) for key, v in
-                                    calibration.predict(s, t.burst_groups).items()}
+                                    calibration.predict(s).items()}
             rows.append(row)
     return {"profile": "redis-load-cells", "gpus": gpus, "slots_per_gpu": slots,
             "burst_groups": next(iter(topologies.values())).burst_groups,

@@ -72,7 +72,14 @@ import redis
 from queue_rollout.client.rollout import RolloutClient
 from queue_rollout.config import Config, write_config
 from queue_rollout.errors import InvariantViolation
-from queue_rollout.lab.redis_info import UNIT_CALLS, Window, profiled, read, trivial_calls
+from queue_rollout.lab.redis_info import (
+    UNIT_CALLS,
+    Window,
+    above,
+    profiled,
+    read,
+    trivial_calls,
+)
 from queue_rollout.launch.up import LocalFarm
 from queue_rollout.ledger.connection import connect
 from queue_rollout.ledger.core import Ledger, Renewal
@@ -87,6 +94,8 @@ PROJECT_GPUS, PROJECT_SLOTS, PROJECT_EPISODE_S = 1024, 16, 10.0
 PROJECTIONS = ((1024, 16, 10.0), (1024, 128, 30.0))
 #: Times each worker process's running attempts are renewed when the renewals are priced.
 RENEWAL_ROUNDS = 200
+#: The bench farms' batch size (B): a burst is whole batches.
+BATCH = 16
 #: Trivial calls a quiet core runs per second (one call costs it about 10 us of CPU).
 QUIET_CORE_UNITS_PER_S = 100_000.0
 #: What one Redis must stay under: per GPU idle, per episode, ...
@@ -380,10 +389,11 @@ class RedisLoadResult:
         }
 
 
-def above(w: Window, ref: Window) -> tuple[float, float]:
-    """(calls, cpu seconds) of *w* above *ref*'s rates."""
-    return (sum(w.calls.values()) - ref.calls_per_s * w.seconds,
-            w.cpu_s - ref.cpu_s / ref.seconds * w.seconds)
+def long_episode_tokens(config: Config, seconds: float) -> int:
+    """The tokens of an episode that runs at least *seconds* on a replica of *config*
+    with every slot busy."""
+    e = config.engine
+    return int(seconds / ((e.step_ms + e.step_ms_per_request * e.slots_per_replica) / 1000.0))
 
 
 def _median_max(values: list[float]) -> dict[str, float]:
@@ -392,12 +402,14 @@ def _median_max(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
-def redis_load_config(redis_url: str, state: Path, gpus: int, slots: int, wait_replicas: int,
-            placement: str = "any") -> Config:
+def redis_load_config(redis_url: str, state: Path, gpus: int, slots: int,
+                      wait_replicas: int, placement: str = "any") -> Config:
+    """The bench's farm: *gpus* simulated GPUs of *slots* slots on *redis_url*, G 8 and B
+    :data:`BATCH`, every slot admitted, a staleness budget never reached."""
     return msgspec.convert({
         "farm": {"name": "redis-load", "redis_url": redis_url, "state_dir": str(state),
                  "redis_wait_replicas": wait_replicas},
-        "rollout": {"group_size": 8, "batch_size": 16, "max_concurrent_samples": gpus * slots,
+        "rollout": {"group_size": 8, "batch_size": BATCH, "max_concurrent_samples": gpus * slots,
                     "max_staleness": 1_000_000, "placement": placement},
         "engine": {"replicas": gpus, "slots_per_replica": slots, "threads_per_process": slots,
                    "step_ms": 4.5, "step_ms_per_request": 0.2},
@@ -566,8 +578,7 @@ def _burst(client: RolloutClient, meter: redis.Redis, groups: int, tag: str = ""
 def _running(client: RolloutClient, meter: redis.Redis, slots: int, run_s: float
              ) -> tuple[Window, int]:
     g = client.config.rollout.group_size
-    step_s = (4.5 + 0.2 * 16) / 1000.0
-    tokens = int((run_s + 30.0) / step_s)  # longer than the window and the fill
+    tokens = long_episode_tokens(client.config, run_s + 30.0)  # the window and the fill
     client.submit([{"id": f"long-{i}", "prompt": "x", "member_lengths": [tokens] * g}
                    for i in range(slots // g)])
     deadline = time.monotonic() + 60

@@ -127,34 +127,6 @@ def test_a_cell_decides_its_slots_and_takes_only_its_next_pending_group(
     assert control.counters()["in_flight"] == 2
 
 
-def test_a_reserved_group_waiting_for_room_asks_the_control_redis_nothing_again(
-        on_db: MakeLedger, monkeypatch: pytest.MonkeyPatch) -> None:
-    control, cell = on_db(1, max_staleness=4), on_db(2, max_concurrent_samples=2)
-    cell.submit(trivial_prompts(2))
-    held: dict = {}
-
-    asked: list[str] = []
-    reserve = control.reserve
-    monkeypatch.setattr(control, "reserve", lambda gid, name: asked.append(gid) or
-                        reserve(gid, name))
-
-    def reserves() -> int:
-        return len(asked)
-
-    first = cells.admit_next(control, cell, "a", held=held)
-    assert first.status == "admitted" and held == {} and asked == ["p0"]
-    assert cells.admit_next(control, cell, "a", held=held).reason == "capacity"
-    assert set(held) == {"p1"} and held["p1"].status == "reserved"
-    before = reserves()
-    for _ in range(3):  # no room yet: the cell is asked, the control Redis is not
-        assert cells.admit_next(control, cell, "a", held=held).reason == "capacity"
-    assert reserves() == before
-    complete(cell, first)
-    assert cells.admit_next(control, cell, "a", held=held).group_id == "p1"
-    assert held == {} and reserves() == before
-    assert control.counters()["in_flight"] == 2  # reserved once
-
-
 def test_a_settled_group_keeps_its_first_verdict(on_db: MakeLedger) -> None:
     control = on_db(1, max_staleness=4)
     for gid in ("g0", "g1"):

@@ -68,9 +68,9 @@ def test_a_farm_of_one_redis_predicts_each_server_of_a_farm_of_cells():
     assert calibration.idle_per_gpu == pytest.approx(100)
     control = server(CONTROL, 0, idle_cpu=0.03, burst_cpu=[0.03], episodes=[0])
     cell = server("c0", 1, idle_cpu=0.04, burst_cpu=[0.03], episodes=[64], running_cpu=0.06)
-    assert calibration.predict(control, 16) == pytest.approx(
+    assert calibration.predict(control) == pytest.approx(
         {"idle_units_per_s": 200, "units_per_group": 5.0})
-    assert calibration.predict(cell, 16) == pytest.approx(
+    assert calibration.predict(cell) == pytest.approx(
         {"idle_units_per_s": 300, "units_per_episode": 30, "running_units_per_episode_s": 10})
     out = cells_json({1: one, 2: Topology(2, [control, cell], burst_groups=16)}, calibration,
                      gpus=2, slots=16)
