@@ -32,6 +32,7 @@ from faultfarm import (
 from real_engine.vllm_server import VLLMServer, untied_model
 
 from queue_rollout import RolloutClient
+from queue_rollout.engines.base import EngineError
 from queue_rollout.engines.concurrency import metric_totals
 from queue_rollout.engines.vllm import VLLMClient
 from queue_rollout.lab.bench.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
@@ -105,9 +106,17 @@ DECODED = 64
 
 
 def generated(url: str) -> float:
-    """Tokens the vLLM server at *url* has generated so far (its counter moves each step)."""
-    return metric_totals(VLLMClient(url).metrics(timeout=10.0)).get(
-        "vllm:generation_tokens_total", 0.0)
+    """Tokens the vLLM server at *url* has generated so far (its counter moves each step).
+    A server too busy to answer within 10 s (a loaded machine) is asked again, for up to
+    a minute and a half."""
+    def ask() -> tuple[float] | None:
+        try:
+            return (metric_totals(VLLMClient(url).metrics(timeout=10.0)).get(
+                "vllm:generation_tokens_total", 0.0),)
+        except EngineError:
+            return None
+
+    return wait_for(ask, 90, f"{url}/metrics to answer")[0]
 
 
 def decoding(since: dict[str, float]) -> bool:
