@@ -18,8 +18,9 @@ one trivial script call measured on that server in the same run:
    above idle per running episode it holds (a small difference of two readings);
 5. **the unit**: trivial calls on each server after each burst (the median);
 6. at K > 1, **one more burst** with the control Redis's slow log taking every command:
-   its script calls per group by name (reserve and settle once a group; the leader
-   lease and the trainer's polls for a batch once a step or a poll, not a group).
+   its script calls per group by name (settle once a group, reserve once and again at
+   each step while the group waits for room; the leader lease and the trainer's polls
+   for a batch once a step or a poll, not a group).
 
 K = 1 is the calibration: with a collector alone (a farm of no GPUs) before it, its
 figures are the collector's units/s, the idle units per GPU, the units per episode and
@@ -27,7 +28,9 @@ per running episode. With the control Redis's units per group measured on a priv
 Redis (:func:`~queue_rollout.lab.control_cost.measure_control_per_group`, the figure
 ``plan --cells`` uses), they predict each server of K > 1, as ``plan --cells`` does:
 a cell carries a collector's thread, its GPUs' idle load, its episodes and its leases;
-the control Redis a collector's and its groups. The JSON has both for every server.
+the control Redis a collector's and its groups. The JSON has both for every server, and
+the control Redis's cost per group measured again with each call 2 ms and 10 ms apart
+(``control_per_group_spaced``): the same calls cost more when they come seldom.
 """
 
 from __future__ import annotations
