@@ -46,8 +46,8 @@ def measure_control_per_group(workdir: Path, *, groups: int = 2000, group_size: 
                     if (i + 1) % batch_size == 0:
                         delivery = control.pop_batch("trainer")
                         if delivery is None:
-                            raise InvariantViolation("plan --cells: B settled groups "
-                                                     "made no batch")
+                            raise InvariantViolation("the control Redis's cost: B "
+                                                     "settled groups made no batch")
                         batch = delivery.batch
                         control.groups(batch.groups)  # the trainer finds each one's cell
                         cells.ack(control, {}, "trainer", batch.id, batch.groups)
